@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Brings a fresh Debian machine (as root) to where the demo and the tests can run, reusing what already
+# runs: installs redis-server, docker.io and busybox-static if missing, starts dockerd without its
+# default bridge when no engine answers, runs `npm ci` when node_modules is stale, and builds the local
+# sandbox image rollout-fleet/sandbox:busybox (there is no registry to pull from).
+# Redis itself is not started here: the demo and the test suite each start a private redis-server
+# when REDIS_URL is not set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+need_pkgs=()
+command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
+command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
+[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx patch || need_pkgs+=(busybox-static)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  log "installing ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+# The Docker engine: reuse one that answers on DOCKER_HOST or the default socket, else start dockerd.
+docker_cli=/usr/bin/docker
+[ -x "$docker_cli" ] || docker_cli=docker
+if ! "$docker_cli" info >/dev/null 2>&1; then
+  if [ -n "${DOCKER_HOST:-}" ]; then
+    log "DOCKER_HOST=$DOCKER_HOST is set but no engine answers there"; exit 1
+  fi
+  if [ -f /var/run/docker.pid ] && ! kill -0 "$(cat /var/run/docker.pid)" 2>/dev/null; then
+    rm -f /var/run/docker.pid   # left behind by a dockerd that died uncleanly
+  fi
+  log "starting dockerd (no bridge, no iptables: sandboxes use network none)"
+  nohup dockerd --host unix:///var/run/docker.sock --bridge=none --iptables=false --ip-forward=false \
+    >/var/log/dockerd.log 2>&1 &
+  for _ in $(seq 1 120); do
+    "$docker_cli" info >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  "$docker_cli" info >/dev/null 2>&1 || { log "dockerd did not answer; see /var/log/dockerd.log"; exit 1; }
+fi
+
+# Node dependencies: npm ci when node_modules is missing or older than the lock file.
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  log "npm ci"
+  npm ci --no-audit --no-fund --loglevel=error
+fi
+
+# The sandbox image, from busybox-static: no libc, starts in a fraction of a second.
+image=rollout-fleet/sandbox:busybox
+if ! "$docker_cli" image inspect "$image" >/dev/null 2>&1; then
+  log "building $image"
+  root=$(mktemp -d)
+  trap 'rm -rf "$root"' EXIT
+  mkdir -p "$root/bin" "$root/tmp" "$root/etc" "$root/workspace"
+  chmod 1777 "$root/tmp"
+  cp /bin/busybox "$root/bin/busybox"
+  for applet in $(/bin/busybox --list); do
+    [ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
+  done
+  printf 'root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/workspace:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n' >"$root/etc/passwd"
+  printf 'root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n' >"$root/etc/group"
+  tar --numeric-owner -C "$root" -c . | "$docker_cli" import \
+    --change 'ENV PATH=/bin' --change 'WORKDIR /workspace' - "$image" >/dev/null
+fi
+log "ready: $("$docker_cli" version --format 'docker engine {{.Server.Version}}'), $(redis-server --version | cut -d' ' -f3)"

@@ -1,0 +1,55 @@
+// All settings of the fleet, from the environment, validated by one schema once at start-up. A bad
+// value stops the process with every problem listed, before Redis or Docker are touched.
+import os from 'node:os';
+import path from 'node:path';
+import { z } from 'zod';
+import { describeIssues } from './zod-issues.ts';
+
+const positiveInt = z.coerce.number().int().positive();
+
+export const FleetConfig = z.object({
+  /** Redis for the queues. Unset: `demo` starts a private redis-server; other commands refuse. */
+  REDIS_URL: z.string().regex(/^rediss?:\/\//, 'must start with redis:// or rediss://').optional(),
+  /** Where results and evidence are written. @default ./.fleet-data */
+  FLEET_DATA_DIR: z.string().min(1).default(path.resolve('.fleet-data')),
+  /** Redis key prefix of every queue and fleet key, so several fleets can share one Redis. @default rf */
+  FLEET_PREFIX: z.string().regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, - and _ only').default('rf'),
+  /** The Docker engine: unix:///path or tcp://host:port. @default unix:///var/run/docker.sock */
+  DOCKER_HOST: z
+    .string()
+    .regex(/^(unix|tcp|http):\/\//, 'must be unix://..., tcp://... or http://...')
+    .default('unix:///var/run/docker.sock'),
+  /** Deadline of every single Docker API call (exec runs have their own). @default 30000 */
+  FLEET_DOCKER_CALL_TIMEOUT_MS: positiveInt.default(30_000),
+  /** Episodes one worker process runs at once. @default 2 */
+  FLEET_WORKER_CONCURRENCY: positiveInt.default(2),
+  /** Cap of each captured output stream (agent, verifier) kept as evidence. @default 1048576 */
+  FLEET_OUTPUT_CAP_BYTES: positiveInt.default(1024 * 1024),
+  /** Name of this worker in labels and logs. @default <hostname>-<pid> */
+  FLEET_WORKER_ID: z
+    .string()
+    .regex(/^[A-Za-z0-9_.-]+$/, 'letters, digits, ., - and _ only')
+    .default(`${os.hostname()}-${process.pid}`),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+});
+export type FleetConfig = z.infer<typeof FleetConfig>;
+
+export class ConfigError extends Error {
+  override readonly name = 'ConfigError';
+  constructor(readonly problems: string[]) {
+    super(`invalid configuration:\n  ${problems.join('\n  ')}`);
+  }
+}
+
+/** Parse the environment (only the keys the schema knows); throws ConfigError listing every problem. */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): FleetConfig {
+  const input = Object.fromEntries(
+    Object.keys(FleetConfig.shape).flatMap((key) => {
+      const value = env[key];
+      return value === undefined || value === '' ? [] : [[key, value]];
+    }),
+  );
+  const parsed = FleetConfig.safeParse(input);
+  if (!parsed.success) throw new ConfigError(describeIssues(parsed.error, input));
+  return parsed.data;
+}

@@ -1,0 +1,90 @@
+// One error type for the whole fleet. Every failure carries a stable `code`; `outcomeOf` is the single
+// exhaustive mapping from code to failure kind and to whether the episode may be retried.
+
+export type FailureKind = 'infra' | 'model' | 'agent' | 'verifier' | 'invalid';
+
+export type FleetErrorCode =
+  /** The job payload on the queue does not match the episode schema. */
+  | 'invalid_payload'
+  /** A task folder, task.yaml or batch file is malformed. */
+  | 'invalid_task'
+  /** The task's image is not on the Docker engine (there is no registry to pull from). */
+  | 'image_not_found'
+  /** The task archive named by the job's digest is missing or does not match its digest. */
+  | 'task_archive_missing'
+  /** The Docker engine did not answer or refused a call. */
+  | 'docker_unavailable'
+  /** A Docker call passed its deadline. */
+  | 'docker_timeout'
+  /** Any other Docker error (container vanished, engine error). */
+  | 'docker_error'
+  /** Redis failed under a running episode. */
+  | 'redis_error'
+  /** An error nobody classified: treated as infrastructure, so it is retried, never scored. */
+  | 'unexpected'
+  /** The worker holding the episode was lost (stalled job, killed process). */
+  | 'worker_lost'
+  /** The model endpoint failed after the proxy's own retries. */
+  | 'model_error'
+  /** The agent crashed or broke its protocol. */
+  | 'agent_crashed'
+  /** The verifier exited with a code that is neither pass (0) nor fail (1). */
+  | 'verifier_crashed'
+  /** The verifier passed its timeout. */
+  | 'verifier_timeout';
+
+export interface Outcome {
+  kind: FailureKind;
+  /** Retry the episode (with backoff, under the kind's budget) rather than record a final result. */
+  retry: boolean;
+}
+
+export function outcomeOf(code: FleetErrorCode): Outcome {
+  switch (code) {
+    case 'invalid_payload':
+    case 'invalid_task':
+    case 'image_not_found':
+    case 'task_archive_missing':
+      return { kind: 'invalid', retry: false };
+    case 'docker_unavailable':
+    case 'docker_timeout':
+    case 'docker_error':
+    case 'redis_error':
+    case 'unexpected':
+    case 'worker_lost':
+      return { kind: 'infra', retry: true };
+    case 'model_error':
+      return { kind: 'model', retry: true };
+    case 'agent_crashed':
+      return { kind: 'agent', retry: false };
+    case 'verifier_crashed':
+    case 'verifier_timeout':
+      return { kind: 'verifier', retry: false };
+    default: {
+      const unreachable: never = code;
+      throw new TypeError(`unknown fleet error code ${String(unreachable)}`);
+    }
+  }
+}
+
+export class FleetError extends Error {
+  override readonly name = 'FleetError';
+  constructor(
+    readonly code: FleetErrorCode,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+
+  get outcome(): Outcome {
+    return outcomeOf(this.code);
+  }
+}
+
+/** Any thrown value as a FleetError; unknown errors count as infrastructure errors (retried). */
+export function toFleetError(err: unknown): FleetError {
+  if (err instanceof FleetError) return err;
+  const message = err instanceof Error ? err.message : String(err);
+  return new FleetError('unexpected', message, { cause: err });
+}

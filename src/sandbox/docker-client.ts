@@ -1,0 +1,69 @@
+// The Docker engine client and the deadline every call to it runs under. Only src/sandbox imports
+// dockerode; everything else sees sandbox sessions.
+import Docker from 'dockerode';
+import { FleetError } from '../errors/fleet-error.ts';
+
+export type { Docker };
+
+/** Build a client for DOCKER_HOST (unix:///path, tcp://host:port or http://host:port). */
+export function createDocker(dockerHost: string): Docker {
+  const url = new URL(dockerHost);
+  if (url.protocol === 'unix:') return new Docker({ socketPath: url.pathname });
+  return new Docker({ host: url.hostname, port: Number(url.port || 2375), protocol: 'http' });
+}
+
+export interface CallOptions {
+  /** Deadline of this call. */
+  timeoutMs: number;
+  /** Aborts the call early (the episode was cancelled or is shutting down). */
+  signal?: AbortSignal | undefined;
+}
+
+interface DockerLikeError {
+  statusCode?: number;
+  code?: string;
+  name?: string;
+  message?: string;
+  json?: { message?: string } | null;
+}
+
+/** Map a dockerode failure to a FleetError with a code that says whether to retry. */
+export function dockerError(what: string, err: unknown): FleetError {
+  if (err instanceof FleetError) return err;
+  const e = (err ?? {}) as DockerLikeError;
+  const detail = e.json?.message ?? e.message ?? String(err);
+  if (e.name === 'AbortError' || e.name === 'TimeoutError' || e.code === 'ABORT_ERR') {
+    return new FleetError('docker_timeout', `${what}: no answer from the Docker engine in time`, { cause: err });
+  }
+  if (e.code === 'ECONNREFUSED' || e.code === 'ENOENT' || e.code === 'ECONNRESET' || e.code === 'EPIPE') {
+    return new FleetError('docker_unavailable', `${what}: Docker engine unavailable (${e.code})`, { cause: err });
+  }
+  return new FleetError('docker_error', `${what}: ${detail}`, { cause: err });
+}
+
+/**
+ * Run one Docker call under a deadline: the call gets an AbortSignal that fires at the deadline or
+ * when the caller's signal aborts, and the promise settles by then even if the engine never answers.
+ */
+export async function dockerCall<T>(
+  what: string,
+  opts: CallOptions,
+  call: (abortSignal: AbortSignal) => Promise<T>,
+): Promise<T> {
+  const deadline = AbortSignal.timeout(opts.timeoutMs);
+  const signal = opts.signal ? AbortSignal.any([opts.signal, deadline]) : deadline;
+  let onAbort: (() => void) | undefined;
+  const aborted = new Promise<never>((_, reject) => {
+    onAbort = () => reject(Object.assign(new Error('aborted'), { name: 'AbortError' }));
+    if (signal.aborted) onAbort();
+    else signal.addEventListener('abort', onAbort, { once: true });
+  });
+  try {
+    return await Promise.race([call(signal), aborted]);
+  } catch (err) {
+    if (opts.signal?.aborted && !deadline.aborted) throw opts.signal.reason ?? err;
+    throw dockerError(what, err);
+  } finally {
+    if (onAbort) signal.removeEventListener('abort', onAbort);
+  }
+}

@@ -1,0 +1,26 @@
+// Labels on every container and volume the fleet creates: they let the reaper and the tests find
+// what belongs to which episode, worker and attempt, whatever process created it.
+export const LABEL = {
+  managed: 'rollout-fleet',
+  episode: 'rollout-fleet.episode',
+  batch: 'rollout-fleet.batch',
+  worker: 'rollout-fleet.worker',
+  attempt: 'rollout-fleet.attempt',
+} as const;
+
+export interface SandboxOwner {
+  episodeId: string;
+  batchId: string;
+  workerId: string;
+  attempt: number;
+}
+
+export function sandboxLabels(owner: SandboxOwner): Record<string, string> {
+  return {
+    [LABEL.managed]: '1',
+    [LABEL.episode]: owner.episodeId,
+    [LABEL.batch]: owner.batchId,
+    [LABEL.worker]: owner.workerId,
+    [LABEL.attempt]: String(owner.attempt),
+  };
+}

@@ -1,0 +1,270 @@
+// One sandbox session = one container per episode, created once and reused for set-up, agent,
+// verification and evidence, then closed once. Hardened by default: no network, no capabilities,
+// no privilege escalation, memory/CPU/pids limits, a non-root user; every call has a deadline.
+import { randomBytes } from 'node:crypto';
+import type { Readable } from 'node:stream';
+import type Docker from 'dockerode';
+import type { Logger } from 'pino';
+import { FleetError } from '../errors/fleet-error.ts';
+import type { Limits } from '../tasks/task-spec.ts';
+import { OutputCapture, type CapturedOutput } from './captured-output.ts';
+import { dockerCall, dockerError } from './docker-client.ts';
+import { sandboxLabels, type SandboxOwner } from './labels.ts';
+
+/** The user every process in the sandbox runs as; files copied in are owned by it. */
+export const SANDBOX_USER = { uid: 1000, gid: 1000 } as const;
+
+/** How long a TERM-ed process tree gets before KILL. */
+const KILL_GRACE_MS = 2_000;
+
+export interface SessionSpec {
+  image: string;
+  workdir: string;
+  limits: Limits;
+  owner: SandboxOwner;
+}
+
+export interface SessionDeps {
+  docker: Docker;
+  log: Logger;
+  /** Deadline of each Docker API call. */
+  callTimeoutMs: number;
+}
+
+export interface ExecOptions {
+  /** The process tree is stopped (TERM, then KILL) after this long. */
+  timeoutMs: number;
+  /** Cap of each captured stream. */
+  capBytes: number;
+  workdir?: string;
+  env?: Record<string, string>;
+  signal?: AbortSignal;
+}
+
+export interface ExecResult {
+  /** null when the process was killed before it reported one. */
+  exitCode: number | null;
+  /** The timeout passed and the process tree was stopped. */
+  timedOut: boolean;
+  stdout: CapturedOutput;
+  stderr: CapturedOutput;
+  durationMs: number;
+}
+
+export interface ContainerState {
+  running: boolean;
+  oomKilled: boolean;
+  exitCode: number | null;
+}
+
+function isGone(err: unknown): boolean {
+  const status = (err as { statusCode?: number }).statusCode;
+  return status === 404 || status === 409;
+}
+
+export class SandboxSession {
+  private closed = false;
+
+  private constructor(
+    private readonly deps: SessionDeps,
+    private readonly container: Docker.Container,
+    readonly containerId: string,
+    readonly imageId: string,
+    readonly spec: SessionSpec,
+  ) {}
+
+  /**
+   * Create and start the episode's container. `onCreated` runs as soon as the container exists, before
+   * it is started, so the caller can register its removal even if a later step fails.
+   */
+  static async open(
+    deps: SessionDeps,
+    spec: SessionSpec,
+    onCreated: (containerId: string) => void,
+    signal?: AbortSignal,
+  ): Promise<SandboxSession> {
+    const { docker, callTimeoutMs } = deps;
+    const call = { timeoutMs: callTimeoutMs, signal };
+    // Image.inspect takes no abort signal (it would become a query parameter); the race bounds it.
+    const image = await dockerCall('inspect image', call, () => docker.getImage(spec.image).inspect()).catch((err: unknown) => {
+      const cause = err instanceof FleetError ? err.cause : err;
+      if ((cause as { statusCode?: number } | undefined)?.statusCode === 404) {
+        throw new FleetError(
+          'image_not_found',
+          `image ${spec.image} not found on the Docker engine (there is no registry: build or import it first)`,
+        );
+      }
+      throw err;
+    });
+
+    const { limits, owner } = spec;
+    const memoryBytes = limits.memoryMb * 1024 * 1024;
+    const name = `rf-${owner.episodeId}-a${owner.attempt}-${randomBytes(3).toString('hex')}`.replace(/[^A-Za-z0-9_.-]/g, '_');
+    const container = await dockerCall('create container', call, (abortSignal) =>
+      docker.createContainer({
+        name,
+        Image: image.Id,
+        Cmd: ['sleep', '2147483647'],
+        User: `${SANDBOX_USER.uid}:${SANDBOX_USER.gid}`,
+        WorkingDir: spec.workdir,
+        Env: ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'HOME=/tmp'],
+        Labels: sandboxLabels(owner),
+        NetworkDisabled: true,
+        HostConfig: {
+          NetworkMode: 'none',
+          CapDrop: ['ALL'],
+          SecurityOpt: ['no-new-privileges'],
+          Memory: memoryBytes,
+          MemorySwap: memoryBytes,
+          NanoCpus: Math.round(limits.cpus * 1e9),
+          PidsLimit: limits.pids,
+          AutoRemove: false,
+        },
+        abortSignal,
+      } as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }),
+    );
+    onCreated(container.id);
+    const session = new SandboxSession(deps, container, container.id, image.Id, spec);
+    await dockerCall('start container', call, (abortSignal) => container.start({ abortSignal }));
+    deps.log.debug({ containerId: container.id, image: spec.image }, 'sandbox started');
+    return session;
+  }
+
+  /** Write a tar (entry names relative to `path`) into the container. */
+  async putArchive(archive: Buffer, path = '/', signal?: AbortSignal): Promise<void> {
+    await dockerCall('put archive', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
+      this.container.putArchive(archive, { path, abortSignal }),
+    );
+  }
+
+  /** A tar stream of `path` inside the container. */
+  async getArchive(path: string, signal?: AbortSignal): Promise<Readable> {
+    return dockerCall('get archive', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
+      this.container.getArchive({ path, abortSignal }),
+    ) as Promise<Readable>;
+  }
+
+  /** Whether the container still runs and whether the kernel OOM-killed it. */
+  async state(signal?: AbortSignal): Promise<ContainerState> {
+    const info = await dockerCall('inspect container', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
+      this.container.inspect({ abortSignal }),
+    );
+    return {
+      running: info.State.Running,
+      oomKilled: info.State.OOMKilled,
+      exitCode: info.State.Running ? null : info.State.ExitCode,
+    };
+  }
+
+  /**
+   * Run `sh -c command` in the sandbox. Past `timeoutMs` (or when `signal` aborts) every process of
+   * the sandbox user but the container's init is sent TERM, then KILL: the whole tree stops, daemons
+   * the command left behind included.
+   */
+  async exec(command: string, opts: ExecOptions): Promise<ExecResult> {
+    const started = performance.now();
+    const call = { timeoutMs: this.deps.callTimeoutMs, signal: opts.signal };
+    const exec = await dockerCall('create exec', call, (abortSignal) =>
+      this.container.exec({
+        Cmd: ['sh', '-c', command],
+        AttachStdout: true,
+        AttachStderr: true,
+        AttachStdin: false,
+        Tty: false,
+        WorkingDir: opts.workdir ?? this.spec.workdir,
+        Env: Object.entries(opts.env ?? {}).map(([k, v]) => `${k}=${v}`),
+        abortSignal,
+      } as Docker.ExecCreateOptions & { abortSignal: AbortSignal }),
+    );
+    const stream = (await dockerCall('start exec', call, (abortSignal) =>
+      exec.start({ hijack: true, stdin: false, abortSignal } as Docker.ExecStartOptions),
+    )) as NodeJS.ReadWriteStream & Readable;
+    const stdout = new OutputCapture(opts.capBytes);
+    const stderr = new OutputCapture(opts.capBytes);
+    this.deps.docker.modem.demuxStream(stream, stdout.writable, stderr.writable);
+
+    const ended = new Promise<void>((resolve) => {
+      stream.once('end', resolve);
+      stream.once('close', resolve);
+      stream.once('error', () => resolve());
+    });
+    const limit = AbortSignal.any([AbortSignal.timeout(opts.timeoutMs), ...(opts.signal ? [opts.signal] : [])]);
+    const stopped = new Promise<'stopped'>((resolve) => {
+      if (limit.aborted) resolve('stopped');
+      else limit.addEventListener('abort', () => resolve('stopped'), { once: true });
+    });
+    const first = await Promise.race([ended.then(() => 'ended' as const), stopped]);
+    let timedOut = false;
+    if (first === 'stopped') {
+      timedOut = true;
+      await this.stopProcesses(ended);
+      stream.destroy();
+    }
+    let exitCode: number | null = null;
+    try {
+      const info = await dockerCall('inspect exec', { timeoutMs: this.deps.callTimeoutMs }, (abortSignal) =>
+        exec.inspect({ abortSignal } as object) as Promise<Docker.ExecInspectInfo>,
+      );
+      exitCode = info.ExitCode ?? null;
+    } catch (err) {
+      if (!timedOut) throw err;
+    }
+    return {
+      exitCode,
+      timedOut,
+      stdout: stdout.result(),
+      stderr: stderr.result(),
+      durationMs: Math.round(performance.now() - started),
+    };
+  }
+
+  /** TERM every process of the sandbox user but init, then KILL what is left after a grace period. */
+  private async stopProcesses(ended: Promise<void>): Promise<void> {
+    for (const sig of ['TERM', 'KILL'] as const) {
+      await this.signalAll(sig);
+      const grace = new Promise<'grace'>((resolve) => setTimeout(resolve, KILL_GRACE_MS, 'grace').unref());
+      if ((await Promise.race([ended.then(() => 'ended' as const), grace])) === 'ended') return;
+    }
+    this.deps.log.warn({ containerId: this.containerId }, 'process tree still attached after KILL');
+  }
+
+  private async signalAll(sig: 'TERM' | 'KILL'): Promise<void> {
+    const call = { timeoutMs: this.deps.callTimeoutMs };
+    try {
+      const exec = await dockerCall('create kill exec', call, (abortSignal) =>
+        this.container.exec({ Cmd: ['kill', `-${sig}`, '-1'], AttachStdout: true, AttachStderr: true, abortSignal } as never),
+      );
+      const stream = (await dockerCall('start kill exec', call, (abortSignal) =>
+        exec.start({ hijack: true, stdin: false, abortSignal } as Docker.ExecStartOptions),
+      )) as Readable;
+      stream.resume();
+      await new Promise<void>((resolve) => {
+        stream.once('end', resolve);
+        stream.once('close', resolve);
+        stream.once('error', () => resolve());
+      });
+    } catch (err) {
+      this.deps.log.warn({ containerId: this.containerId, err: dockerError('kill', err).message }, 'signalling the sandbox failed');
+    }
+  }
+
+  /** Remove the container (and its anonymous volumes). Idempotent: a container already gone counts as removed. */
+  async remove(timeoutMs = this.deps.callTimeoutMs): Promise<void> {
+    if (this.closed) return;
+    await removeContainer(this.deps.docker, this.containerId, timeoutMs);
+    this.closed = true;
+  }
+}
+
+/** Force-remove a container by id; 404 and 409 (already gone or being removed) count as removed. */
+export async function removeContainer(docker: Docker, containerId: string, timeoutMs: number): Promise<void> {
+  try {
+    await dockerCall('remove container', { timeoutMs }, (abortSignal) =>
+      docker.getContainer(containerId).remove({ force: true, v: true, abortSignal }),
+    );
+  } catch (err) {
+    const cause = err instanceof FleetError ? err.cause : err;
+    if (isGone(cause)) return;
+    throw err;
+  }
+}

@@ -1,0 +1,20 @@
+// The batch file (YAML): which task folders to run, how many samples of each, with which agent, and
+// defaults for the tasks. Paths are relative to the batch file.
+import { z } from 'zod';
+import { AgentSpec } from './agent-spec.ts';
+import { TaskDefaults } from './task-spec.ts';
+
+export const BatchFile = z.strictObject({
+  /** Shown in status and used as the start of the batch id. @default the file's base name */
+  name: z
+    .string()
+    .regex(/^[a-z0-9][a-z0-9_-]{0,39}$/, 'lower-case letters, digits, - and _, at most 40 characters')
+    .optional(),
+  /** Task folders (with task.yaml), or folders whose sub-folders are tasks. */
+  tasks: z.array(z.string().min(1)).min(1),
+  /** Episodes per task. @default 1 */
+  samples: z.number().int().min(1).max(10_000).default(1),
+  agent: AgentSpec,
+  defaults: TaskDefaults.default({}),
+});
+export type BatchFile = z.infer<typeof BatchFile>;

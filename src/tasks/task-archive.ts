@@ -1,0 +1,74 @@
+// A packed task, read back on the worker: its parts are re-packed into tars that putArchive writes
+// into the sandbox (workspace/ at set-up, tests/ only for verification, solution/ for the oracle).
+import { createHash } from 'node:crypto';
+import path from 'node:path';
+import { Readable } from 'node:stream';
+import tar from 'tar-stream';
+import { FleetError } from '../errors/fleet-error.ts';
+
+interface ArchiveEntry {
+  header: tar.Header;
+  data: Buffer;
+}
+
+export interface Owner {
+  uid: number;
+  gid: number;
+}
+
+export class TaskArchive {
+  private constructor(
+    readonly digest: string,
+    private readonly entries: readonly ArchiveEntry[],
+  ) {}
+
+  /** Parse an archive and check it against the digest the job carries. */
+  static async fromBuffer(archive: Buffer, expectedDigest: string): Promise<TaskArchive> {
+    const digest = createHash('sha256').update(archive).digest('hex');
+    if (digest !== expectedDigest) {
+      throw new FleetError('task_archive_missing', `task archive has digest ${digest}, the job names ${expectedDigest}`);
+    }
+    const entries: ArchiveEntry[] = [];
+    const extract = tar.extract();
+    for await (const entry of Readable.from([archive]).pipe(extract)) {
+      const chunks: Buffer[] = [];
+      for await (const chunk of entry) chunks.push(chunk as Buffer);
+      entries.push({ header: entry.header, data: Buffer.concat(chunks) });
+    }
+    return new TaskArchive(digest, entries);
+  }
+
+  /** True when the archive has a folder `part/` (e.g. solution). */
+  has(part: string): boolean {
+    return this.entries.some((e) => e.header.name.startsWith(`${part}/`));
+  }
+
+  /** Text of one file of the archive, or undefined. */
+  readText(name: string): string | undefined {
+    return this.entries.find((e) => e.header.name === name && e.header.type === 'file')?.data.toString('utf8');
+  }
+
+  /**
+   * A tar of the folder `part/` rebased to the absolute folder `dest`, for putArchive at "/": entry
+   * names are relative to "/", owned by `owner`, with the destination folder itself as first entry.
+   */
+  async partAsTar(part: string, dest: string, owner: Owner): Promise<Buffer> {
+    const base = dest.replace(/^\/+/, '').replace(/\/+$/, '');
+    const pack = tar.pack();
+    const common = { mtime: new Date(0), uid: owner.uid, gid: owner.gid, uname: '', gname: '' };
+    pack.entry({ ...common, name: `${base}/`, type: 'directory', mode: 0o755 });
+    for (const { header, data } of this.entries) {
+      if (!header.name.startsWith(`${part}/`)) continue;
+      const rel = header.name.slice(part.length + 1).replace(/\/$/, '');
+      if (rel === '') continue;
+      const name = path.posix.join(base, rel);
+      if (header.type === 'directory') pack.entry({ ...common, name: `${name}/`, type: 'directory', mode: header.mode ?? 0o755 });
+      else if (header.type === 'symlink') pack.entry({ ...common, name, type: 'symlink', linkname: header.linkname ?? '', mode: 0o777 });
+      else pack.entry({ ...common, name, type: 'file', mode: header.mode ?? 0o644 }, data);
+    }
+    pack.finalize();
+    const chunks: Buffer[] = [];
+    for await (const chunk of pack) chunks.push(chunk as Buffer);
+    return Buffer.concat(chunks);
+  }
+}
