@@ -61,7 +61,8 @@ export async function dockerCall<T>(
   try {
     return await Promise.race([call(signal), aborted]);
   } catch (err) {
-    if (opts.signal?.aborted && !deadline.aborted) throw opts.signal.reason ?? err;
+    // A caller that aborts with a FleetError (cancellation, a phase deadline) gets that error back.
+    if (opts.signal?.aborted && opts.signal.reason instanceof FleetError) throw opts.signal.reason;
     throw dockerError(what, err);
   } finally {
     if (onAbort) signal.removeEventListener('abort', onAbort);

@@ -1,0 +1,3 @@
+#!/bin/sh
+set -e
+patch -p1 < /solution/app.conf.patch

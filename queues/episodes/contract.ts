@@ -1,0 +1,77 @@
+// The `episodes` queue: one job per episode, job id = episode id (so enqueueing the same batch twice
+// adds nothing). Payload and result schemas, and the default job options.
+import type { JobsOptions } from 'bullmq';
+import { z } from 'zod';
+import { AgentSpec } from '../../src/tasks/agent-spec.ts';
+import { TaskSpec } from '../../src/tasks/task-spec.ts';
+
+export const EPISODES_QUEUE = 'episodes';
+
+const id = z.string().regex(/^[a-z0-9][a-z0-9_.-]{0,199}$/, 'lower-case letters, digits, ., - and _');
+
+export const EpisodeJob = z.strictObject({
+  episodeId: id,
+  batchId: id,
+  /** 0-based sample index of this task within the batch. */
+  sample: z.number().int().min(0),
+  task: TaskSpec,
+  /** sha256 of the packed task folder in the task store: what exactly this episode ran. */
+  taskDigest: z.string().regex(/^[0-9a-f]{64}$/, 'a sha256 in hex'),
+  agent: AgentSpec,
+  enqueuedAt: z.iso.datetime(),
+});
+export type EpisodeJob = z.infer<typeof EpisodeJob>;
+
+export const EpisodeStatus = z.enum(['passed', 'failed', 'timeout', 'cancelled', 'error']);
+export type EpisodeStatus = z.infer<typeof EpisodeStatus>;
+
+export const FailureKindSchema = z.enum(['infra', 'model', 'agent', 'verifier', 'invalid']);
+
+const Captured = z.object({ exitCode: z.number().int().nullable(), timedOut: z.boolean(), durationMs: z.number() });
+
+export const EpisodeResult = z.object({
+  episodeId: z.string(),
+  batchId: z.string(),
+  taskId: z.string(),
+  sample: z.number().int(),
+  status: EpisodeStatus,
+  /** Set when status is error: which kind of failure, with its stable code and message. */
+  error: z.object({ kind: FailureKindSchema, code: z.string(), message: z.string() }).optional(),
+  /** 1 or 0 from the verifier; null when the episode was not graded. */
+  reward: z.number().nullable(),
+  /** Attempts this episode took, the last included. */
+  attempts: z.number().int().min(1),
+  workerId: z.string(),
+  timings: z.object({
+    setupMs: z.number().optional(),
+    agentMs: z.number().optional(),
+    verifyMs: z.number().optional(),
+    closeMs: z.number().optional(),
+    totalMs: z.number(),
+  }),
+  provenance: z.object({
+    taskDigest: z.string(),
+    image: z.string(),
+    imageId: z.string().optional(),
+    agent: AgentSpec,
+  }),
+  agent: Captured.optional(),
+  verifier: Captured.optional(),
+  /** The kernel killed the sandbox for exceeding its memory limit. */
+  oomKilled: z.boolean().optional(),
+  startedAt: z.string(),
+  endedAt: z.string(),
+});
+export type EpisodeResult = z.infer<typeof EpisodeResult>;
+
+/**
+ * Infrastructure failures retry with exponential backoff; other failures are final results (the
+ * processor returns them instead of throwing). Finished jobs are kept 7 days: while a job is kept,
+ * enqueueing its batch again adds nothing.
+ */
+export const episodeJobOptions = {
+  attempts: 3,
+  backoff: { type: 'exponential', delay: 2_000 },
+  removeOnComplete: { age: 7 * 24 * 3600 },
+  removeOnFail: { age: 7 * 24 * 3600 },
+} as const satisfies JobsOptions;

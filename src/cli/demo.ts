@@ -1,0 +1,94 @@
+// `rollout-fleet demo`: the main job on embedded defaults. Starts a private Redis when REDIS_URL is not
+// set, runs two worker processes, enqueues the example batch, waits, prints the summary, waits for the
+// cleanup queue to remove every sandbox, and stops everything it started.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { createWriteStream } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Queue } from 'bullmq';
+import { CLEANUP_QUEUE } from '../../queues/cleanup/contract.ts';
+import { LABEL } from '../sandbox/labels.ts';
+import { enqueueBatch } from '../producer/enqueue-batch.ts';
+import { ResultsStore } from '../results/results-store.ts';
+import { formatSummary } from '../results/summarize.ts';
+import { loadBatch } from '../tasks/load-task.ts';
+import { waitForBatch } from './commands.ts';
+import { UsageError, connectProducer, episodesQueue, imageChecker, type Cli } from './context.ts';
+import { startPrivateRedis, type PrivateRedis } from './private-redis.ts';
+
+const BIN = fileURLToPath(new URL('./bin.js', import.meta.url));
+const DEMO_BATCH = fileURLToPath(new URL('../../examples/demo-batch.yaml', import.meta.url));
+const DEMO_WORKERS = 2;
+
+async function poll(what: string, timeoutMs: number, check: () => Promise<boolean>): Promise<void> {
+  const until = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
+  const { config, log, docker } = cli;
+  await docker.ping().catch((err: unknown) => {
+    throw new UsageError(`no Docker engine answers at ${config.DOCKER_HOST} (${(err as Error).message}); run \`npm run demo\`, which starts one`);
+  });
+  let redis: PrivateRedis | undefined;
+  const workers: ChildProcess[] = [];
+  try {
+    if (config.REDIS_URL === undefined) {
+      redis = await startPrivateRedis();
+      log.info({ url: redis.url }, 'private redis started');
+    }
+    const redisUrl = config.REDIS_URL ?? redis!.url;
+    const logDir = path.join(config.FLEET_DATA_DIR, 'logs');
+    await mkdir(logDir, { recursive: true });
+    for (let i = 0; i < DEMO_WORKERS; i++) {
+      const logFile = createWriteStream(path.join(logDir, `demo-worker-${i}.log`));
+      await once(logFile, 'open');
+      const child = spawn(process.execPath, [BIN, 'worker'], {
+        env: { ...process.env, REDIS_URL: redisUrl, FLEET_DATA_DIR: config.FLEET_DATA_DIR, FLEET_WORKER_ID: `demo-worker-${i}` },
+        stdio: ['ignore', logFile, logFile],
+      });
+      workers.push(child);
+    }
+    process.stderr.write(`demo: ${DEMO_WORKERS} workers running, logs in ${logDir}\n`);
+
+    const producer = await connectProducer(redisUrl);
+    const queue = episodesQueue(producer, config.FLEET_PREFIX);
+    const cleanup = new Queue(CLEANUP_QUEUE, { connection: producer, prefix: config.FLEET_PREFIX });
+    try {
+      const results = new ResultsStore(producer, config.FLEET_PREFIX, config.FLEET_DATA_DIR);
+      const plan = await enqueueBatch(await loadBatch(DEMO_BATCH), {
+        queue, redis: producer, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker),
+      });
+      process.stderr.write(`demo: enqueued batch ${plan.batchId} (${plan.jobs.length} episodes)\n`);
+      const summary = await waitForBatch(producer, config.FLEET_PREFIX, config.FLEET_DATA_DIR, plan.batchId, log);
+      await poll('the cleanup queue to remove every sandbox', 120_000, async () => {
+        const counts = await cleanup.getJobCounts('waiting', 'active', 'delayed', 'prioritized');
+        const left = await docker.listContainers({ all: true, filters: { label: [`${LABEL.batch}=${plan.batchId}`] } });
+        return Object.values(counts).every((n) => n === 0) && left.length === 0;
+      });
+      for (const r of await results.results(plan.batchId)) {
+        const extra = r.error ? ` ${r.error.kind}/${r.error.code}` : '';
+        process.stdout.write(`  ${r.status.padEnd(8)} reward ${r.reward ?? '-'}  ${r.episodeId}${extra}  (${r.timings.totalMs} ms)\n`);
+      }
+      process.stdout.write(`${formatSummary(summary)}\n  results in ${path.join(config.FLEET_DATA_DIR, 'results', plan.batchId)}\n`);
+      return summary.byStatus.error === 0 ? 0 : 1;
+    } finally {
+      await cleanup.close();
+      await queue.close();
+      await producer.quit();
+    }
+  } finally {
+    await Promise.all(workers.map(async (w) => {
+      if (w.exitCode === null && w.signalCode === null) {
+        w.kill('SIGTERM');
+        await once(w, 'exit');
+      }
+    }));
+    await redis?.stop();
+  }
+}

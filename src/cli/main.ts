@@ -1,0 +1,40 @@
+// Entry of the `rollout-fleet` CLI: dispatches to a command, turns known errors into a message and a
+// non-zero exit code.
+import { ConfigError } from '../config/config.ts';
+import { FleetError } from '../errors/fleet-error.ts';
+import { enqueueCommand, resultsCommand, statusCommand, workerCommand } from './commands.ts';
+import { UsageError, cliContext, type Cli } from './context.ts';
+import { demoCommand } from './demo.ts';
+
+const USAGE = `usage: rollout-fleet <command>
+  worker [--concurrency N]                 run episodes (and cleanup, checkpoint writing) until SIGTERM
+  enqueue <batch.yaml> [--wait] [--json]   enqueue a batch; prints its id
+  status <batch-id> [--json]               counts by status, mean reward, done or not
+  results <batch-id> --format jsonl        one result per line
+  demo                                     run the example batch on a private Redis, print the summary`;
+
+const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = {
+  worker: workerCommand,
+  enqueue: enqueueCommand,
+  status: statusCommand,
+  results: resultsCommand,
+  demo: demoCommand,
+};
+
+export async function main(argv: string[]): Promise<number> {
+  const [name, ...args] = argv;
+  const command = name === undefined ? undefined : COMMANDS[name];
+  if (command === undefined) {
+    process.stderr.write(`${name === undefined || name === '--help' ? '' : `unknown command ${JSON.stringify(name)}\n`}${USAGE}\n`);
+    return name === '--help' ? 0 : 2;
+  }
+  try {
+    return await command(cliContext(), args);
+  } catch (err) {
+    if (err instanceof ConfigError || err instanceof UsageError || err instanceof FleetError || (err as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {
+      process.stderr.write(`rollout-fleet ${name}: ${(err as Error).message}\n`);
+      return 2;
+    }
+    throw err;
+  }
+}

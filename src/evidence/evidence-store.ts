@@ -1,0 +1,25 @@
+// Evidence of one episode attempt, kept before anything is removed: the agent's and the verifier's
+// captured output and the container's final state, under FLEET_DATA_DIR/evidence/<episode>/attempt-<n>/.
+import path from 'node:path';
+import { writeFileAtomic } from '../results/atomic-write.ts';
+import type { CapturedOutput } from '../sandbox/captured-output.ts';
+
+export class EvidenceStore {
+  constructor(private readonly dataDir: string) {}
+
+  folder(episodeId: string, attempt: number): string {
+    return path.join(this.dataDir, 'evidence', episodeId, `attempt-${attempt}`);
+  }
+
+  /** Write captured output as `<name>.stdout.txt` / `<name>.stderr.txt`, truncation noted in the file. */
+  async writeOutput(episodeId: string, attempt: number, name: string, out: { stdout: CapturedOutput; stderr: CapturedOutput }): Promise<void> {
+    const dir = this.folder(episodeId, attempt);
+    await Promise.all(
+      (['stdout', 'stderr'] as const).map((stream) => writeFileAtomic(path.join(dir, `${name}.${stream}.txt`), out[stream].text)),
+    );
+  }
+
+  async writeJson(episodeId: string, attempt: number, name: string, value: unknown): Promise<void> {
+    await writeFileAtomic(path.join(this.folder(episodeId, attempt), `${name}.json`), `${JSON.stringify(value, null, 2)}\n`);
+  }
+}

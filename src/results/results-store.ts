@@ -1,0 +1,64 @@
+// Where batches and episode results live. Redis is the authority (any host can read status); every
+// result is also written as a JSON file under FLEET_DATA_DIR/results/<batch>/ for people and tools.
+// An episode's first recorded result wins: a duplicate delivery cannot record a second one.
+import path from 'node:path';
+import type { Redis } from 'ioredis';
+import { z } from 'zod';
+import { EpisodeResult } from '../../queues/episodes/contract.ts';
+import { writeFileAtomic } from './atomic-write.ts';
+
+export const BatchManifest = z.object({
+  batchId: z.string(),
+  name: z.string(),
+  createdAt: z.string(),
+  /** Every episode of the batch, in enqueue order. */
+  episodeIds: z.array(z.string()),
+});
+export type BatchManifest = z.infer<typeof BatchManifest>;
+
+export class ResultsStore {
+  constructor(
+    private readonly redis: Redis,
+    private readonly prefix: string,
+    private readonly dataDir: string,
+  ) {}
+
+  private manifestKey(batchId: string) {
+    return `${this.prefix}:batch:${batchId}`;
+  }
+
+  private resultsKey(batchId: string) {
+    return `${this.prefix}:batch:${batchId}:results`;
+  }
+
+  /** Record a batch once; the same batch enqueued again keeps its first manifest. */
+  async putManifest(manifest: BatchManifest): Promise<void> {
+    await this.redis.set(this.manifestKey(manifest.batchId), JSON.stringify(manifest), 'NX');
+  }
+
+  async getManifest(batchId: string): Promise<BatchManifest | undefined> {
+    const raw = await this.redis.get(this.manifestKey(batchId));
+    return raw === null ? undefined : BatchManifest.parse(JSON.parse(raw));
+  }
+
+  /** Record an episode's result; false (and nothing written) when it already had one. */
+  async record(result: EpisodeResult): Promise<boolean> {
+    const first = await this.redis.hsetnx(this.resultsKey(result.batchId), result.episodeId, JSON.stringify(result));
+    if (first === 1) {
+      await writeFileAtomic(this.resultFile(result.batchId, result.episodeId), `${JSON.stringify(result, null, 2)}\n`);
+    }
+    return first === 1;
+  }
+
+  /** The results recorded so far, in the manifest's order. */
+  async results(batchId: string): Promise<EpisodeResult[]> {
+    const all = await this.redis.hgetall(this.resultsKey(batchId));
+    const manifest = await this.getManifest(batchId);
+    const order = manifest?.episodeIds ?? Object.keys(all).sort();
+    return order.flatMap((id) => (all[id] === undefined ? [] : [EpisodeResult.parse(JSON.parse(all[id]))]));
+  }
+
+  resultFile(batchId: string, episodeId: string): string {
+    return path.join(this.dataDir, 'results', batchId, `${episodeId}.json`);
+  }
+}
