@@ -2,7 +2,6 @@
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import type { Redis } from 'ioredis';
-import type { Logger } from 'pino';
 import { enqueueBatch } from '../producer/enqueue-batch.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { formatSummary, summarize, type BatchSummary } from '../results/summarize.ts';
@@ -44,13 +43,13 @@ async function batchSummary(redis: Redis, prefix: string, dataDir: string, batch
   return summarize(batchId, manifest.episodeIds.length, await store.results(batchId));
 }
 
-/** Poll the results until every episode of the batch has one. */
-export async function waitForBatch(redis: Redis, prefix: string, dataDir: string, batchId: string, log: Logger, pollMs = 500): Promise<BatchSummary> {
+/** Poll the results until every episode of the batch has one, printing a line when progress changes. */
+export async function waitForBatch(redis: Redis, prefix: string, dataDir: string, batchId: string, pollMs = 500): Promise<BatchSummary> {
   let last = '';
   for (;;) {
     const s = await batchSummary(redis, prefix, dataDir, batchId);
-    const line = `${s.done}/${s.total}`;
-    if (line !== last) log.info({ batchId, done: s.done, total: s.total, passed: s.byStatus.passed }, 'batch progress');
+    const line = `${s.done}/${s.total} done: ${s.byStatus.passed} passed, ${s.byStatus.failed} failed, ${s.byStatus.timeout} timeout, ${s.byStatus.error} error`;
+    if (line !== last) process.stderr.write(`progress ${batchId}: ${line}\n`);
     last = line;
     if (s.finished) return s;
     await new Promise((r) => setTimeout(r, pollMs));
@@ -61,7 +60,7 @@ export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> 
   const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { wait: { type: 'boolean' }, json: { type: 'boolean' } } });
   const file = positionals[0];
   if (file === undefined || positionals.length > 1) throw new UsageError('usage: rollout-fleet enqueue <batch.yaml> [--wait] [--json]');
-  const { config, log, docker } = cli;
+  const { config, docker } = cli;
   const loaded = await loadBatch(file);
   const redis = await connectProducer(requireRedisUrl(config));
   const queue = episodesQueue(redis, config.FLEET_PREFIX);
@@ -72,7 +71,7 @@ export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> 
       process.stdout.write(values.json ? `${JSON.stringify({ batchId: plan.batchId, episodes: plan.jobs.length })}\n` : `${plan.batchId}\n`);
       return 0;
     }
-    const summary = await waitForBatch(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR, plan.batchId, log);
+    const summary = await waitForBatch(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR, plan.batchId);
     process.stdout.write(values.json ? `${JSON.stringify(summary)}\n` : `${formatSummary(summary)}\n`);
     return 0;
   } finally {

@@ -40,7 +40,7 @@ export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
   try {
     if (config.REDIS_URL === undefined) {
       redis = await startPrivateRedis();
-      log.info({ url: redis.url }, 'private redis started');
+      process.stderr.write(`demo: private redis-server at ${redis.url}\n`);
     }
     const redisUrl = config.REDIS_URL ?? redis!.url;
     const logDir = path.join(config.FLEET_DATA_DIR, 'logs');
@@ -65,7 +65,7 @@ export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
         queue, redis: producer, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker),
       });
       process.stderr.write(`demo: enqueued batch ${plan.batchId} (${plan.jobs.length} episodes)\n`);
-      const summary = await waitForBatch(producer, config.FLEET_PREFIX, config.FLEET_DATA_DIR, plan.batchId, log);
+      const summary = await waitForBatch(producer, config.FLEET_PREFIX, config.FLEET_DATA_DIR, plan.batchId);
       await poll('the cleanup queue to remove every sandbox', 120_000, async () => {
         const counts = await cleanup.getJobCounts('waiting', 'active', 'delayed', 'prioritized');
         const left = await docker.listContainers({ all: true, filters: { label: [`${LABEL.batch}=${plan.batchId}`] } });

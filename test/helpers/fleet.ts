@@ -1,0 +1,138 @@
+// Test fixtures on real services: a private redis-server per test file, a unique key prefix and data
+// folder per test, worker processes started through the real CLI, and checks that nothing leaked.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtemp } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { randomBytes } from 'node:crypto';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
+import { pino } from 'pino';
+import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
+import { CLEANUP_QUEUE } from '../../queues/cleanup/contract.ts';
+import { startPrivateRedis, type PrivateRedis } from '../../src/cli/private-redis.ts';
+import { createDocker } from '../../src/sandbox/docker-client.ts';
+import { LABEL } from '../../src/sandbox/labels.ts';
+import { ResultsStore } from '../../src/results/results-store.ts';
+
+export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+export const BIN = path.join(ROOT, 'src/cli/bin.js');
+export const EXAMPLES = path.join(ROOT, 'examples');
+export const docker = createDocker(process.env.DOCKER_HOST ?? 'unix:///var/run/docker.sock');
+export const silentLog = pino({ level: process.env.TEST_LOG_LEVEL ?? 'silent' });
+
+/** Poll `check` until it returns a truthy value; fail with `what` after `timeoutMs`. */
+export async function waitFor<T>(what: string, check: () => Promise<T | undefined | false>, timeoutMs = 60_000, everyMs = 100): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > until) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}
+
+export interface FleetEnv {
+  redis: PrivateRedis;
+  /** A connection for the test itself. */
+  client: Redis;
+  prefix: string;
+  dataDir: string;
+  env: NodeJS.ProcessEnv;
+  episodes: Queue;
+  cleanup: Queue;
+  results: ResultsStore;
+  close(): Promise<void>;
+}
+
+/** A private Redis, a unique prefix and data folder; one per test file (or test). */
+export async function startFleetEnv(opts: { durable?: boolean } = {}): Promise<FleetEnv> {
+  const redis = await startPrivateRedis(opts);
+  const client = new Redis(redis.url, { maxRetriesPerRequest: null, connectionName: 'rf-test' });
+  const prefix = `t${randomBytes(4).toString('hex')}`;
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), 'rf-data-'));
+  const env = { ...process.env, REDIS_URL: redis.url, FLEET_PREFIX: prefix, FLEET_DATA_DIR: dataDir, LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'warn' };
+  const episodes = new Queue(EPISODES_QUEUE, { connection: client, prefix });
+  const cleanup = new Queue(CLEANUP_QUEUE, { connection: client, prefix });
+  return {
+    redis,
+    client,
+    prefix,
+    dataDir,
+    env,
+    episodes,
+    cleanup,
+    results: new ResultsStore(client, prefix, dataDir),
+    async close() {
+      await episodes.close();
+      await cleanup.close();
+      await client.quit();
+      await redis.stop();
+    },
+  };
+}
+
+export interface CliRun {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Run the real CLI to completion. */
+export async function runCli(args: string[], env: NodeJS.ProcessEnv): Promise<CliRun> {
+  const child = spawn(process.execPath, [BIN, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  const [code] = (await once(child, 'exit')) as [number | null];
+  return { code, stdout, stderr };
+}
+
+export interface WorkerProcess {
+  child: ChildProcess;
+  output(): string;
+  /** SIGTERM and wait for the exit code. */
+  stop(): Promise<number | null>;
+}
+
+/** Start `rollout-fleet worker` as its own process. */
+export function spawnWorker(env: NodeJS.ProcessEnv, workerId: string, concurrency = 2): WorkerProcess {
+  const child = spawn(process.execPath, [BIN, 'worker', '--concurrency', String(concurrency)], {
+    env: { ...env, FLEET_WORKER_ID: workerId },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+  return {
+    child,
+    output: () => out,
+    async stop() {
+      if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
+      child.kill('SIGTERM');
+      const [code] = (await once(child, 'exit')) as [number | null];
+      return code;
+    },
+  };
+}
+
+/** Containers carrying a fleet label value, running or not. */
+export async function fleetContainers(label: keyof typeof LABEL, value: string) {
+  return docker.listContainers({ all: true, filters: { label: [`${LABEL[label]}=${value}`] } });
+}
+
+/** Wait until the batch has a result for every episode. */
+export async function waitForResults(env: FleetEnv, batchId: string, total: number, timeoutMs = 90_000) {
+  return waitFor(`${total} results of ${batchId}`, async () => {
+    const results = await env.results.results(batchId);
+    return results.length >= total ? results : undefined;
+  }, timeoutMs, 200);
+}
+
+/** Wait until no container of the batch is left (the cleanup queue removed them). */
+export async function waitForNoContainers(batchId: string, timeoutMs = 30_000): Promise<void> {
+  await waitFor(`no containers of ${batchId}`, async () => (await fleetContainers('batch', batchId)).length === 0, timeoutMs, 200);
+}
