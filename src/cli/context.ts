@@ -34,12 +34,13 @@ export function requireRedisUrl(config: FleetConfig): string {
 /** A producer-side connection: fails fast instead of queueing commands while Redis is away. */
 export async function connectProducer(url: string): Promise<Redis> {
   const redis = new Redis(url, { lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 1, connectionName: 'rf-cli' });
-  redis.on('error', () => undefined);
+  let lastError: Error | undefined;
+  redis.on('error', (err: Error) => (lastError = err));
   try {
     await redis.connect();
   } catch (err) {
     redis.disconnect();
-    throw new UsageError(`cannot connect to Redis at ${url}: ${(err as Error).message}`);
+    throw new UsageError(`cannot connect to Redis at ${url}: ${(lastError ?? (err as Error)).message}`);
   }
   return redis;
 }
