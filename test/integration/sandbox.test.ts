@@ -1,0 +1,91 @@
+// The sandbox session on the real engine: hardened by default, exec deadlines that stop a whole
+// process tree, capped output, idempotent removal.
+import net from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { FleetError } from '../../src/errors/fleet-error.ts';
+import { LABEL } from '../../src/sandbox/labels.ts';
+import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
+import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
+import { docker, fleetContainers, silentLog } from '../helpers/fleet.ts';
+
+const owner = { episodeId: `sandbox-test-${process.pid}`, batchId: `sandbox-test-${process.pid}`, workerId: 'sandbox-test', attempt: 1 };
+const spec = { image: DEFAULT_IMAGE, workdir: '/workspace', limits: { memoryMb: 64, cpus: 0.5, pids: 64 }, owner };
+const deps = { docker, log: silentLog, callTimeoutMs: 30_000 };
+const run = (s: SandboxSession, command: string, timeoutMs = 10_000, capBytes = 64 * 1024) => s.exec(command, { timeoutMs, capBytes });
+
+describe('sandbox session', () => {
+  let session: SandboxSession;
+
+  beforeAll(async () => {
+    session = await SandboxSession.open(deps, spec, () => undefined);
+  });
+  afterAll(async () => {
+    await session?.remove();
+  });
+
+  it('runs as a non-root user with no capabilities, no privilege escalation and no network', async () => {
+    const status = await run(session, 'id -u; grep -E "^(CapEff|NoNewPrivs)" /proc/self/status; tail -n +3 /proc/net/dev | cut -d: -f1');
+    expect(status.exitCode).toBe(0);
+    const lines = status.stdout.text.trim().split('\n').map((l) => l.replace(/\s+/g, ' ').trim());
+    expect(lines).toEqual(['1000', 'CapEff: 0000000000000000', 'NoNewPrivs: 1', 'lo']);
+
+    const info = await docker.getContainer(session.containerId).inspect();
+    expect(info.HostConfig).toMatchObject({ NetworkMode: 'none', CapDrop: ['ALL'], SecurityOpt: ['no-new-privileges'], Memory: 64 * 1024 * 1024, PidsLimit: 64, NanoCpus: 5e8 });
+    expect(info.Config.Labels).toMatchObject({ [LABEL.episode]: owner.episodeId, [LABEL.worker]: 'sandbox-test', [LABEL.attempt]: '1' });
+    expect(info.Mounts).toEqual([]);
+  });
+
+  it('cannot reach a service on the host loopback, nor the Docker socket', async () => {
+    const server = net.createServer((sock) => sock.end('hello\n'));
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { port } = server.address() as net.AddressInfo;
+    try {
+      // From the host the service answers; from the sandbox, 127.0.0.1 is the sandbox's own loopback.
+      const fromHost = await new Promise<string>((resolve, reject) => {
+        const c = net.connect(port, '127.0.0.1');
+        c.once('data', (d) => { resolve(d.toString()); c.destroy(); });
+        c.once('error', reject);
+      });
+      expect(fromHost).toBe('hello\n');
+      const probe = await run(session, `nc -w 2 127.0.0.1 ${port} </dev/null; echo "nc=$?"; ls /var/run/docker.sock 2>&1`);
+      expect(probe.stdout.text).not.toContain('hello');
+      expect(probe.stdout.text).toMatch(/nc=[1-9]/);
+      expect(probe.stdout.text + probe.stderr.text).toContain('No such file');
+    } finally {
+      server.close();
+    }
+  });
+
+  it('stops a process tree that ignores TERM when its timeout passes', async () => {
+    const started = Date.now();
+    const res = await run(session, "trap '' TERM; (trap '' TERM; sleep 1000) & sleep 1000; echo never", 1_000);
+    expect(res.timedOut).toBe(true);
+    expect(res.stdout.text).not.toContain('never');
+    expect(Date.now() - started).toBeLessThan(10_000);
+    const ps = await run(session, 'ps -o args | grep -cx "sleep 1000" || true');
+    expect(ps.stdout.text.trim()).toBe('0');
+  });
+
+  it('caps captured output and counts what it dropped', async () => {
+    const res = await run(session, 'head -c 20000000 /dev/zero | tr "\\0" a; echo; echo END', 30_000, 8 * 1024);
+    expect(res.exitCode).toBe(0);
+    expect(res.stdout.totalBytes).toBe(20_000_000 + 1 + 4);
+    expect(res.stdout.truncated).toBe(true);
+    expect(res.stdout.text.length).toBeLessThan(9 * 1024);
+    expect(res.stdout.text.endsWith('END\n')).toBe(true);
+  });
+
+  it('removes its container, and a second remove is a no-op', async () => {
+    const other = await SandboxSession.open(deps, { ...spec, owner: { ...owner, episodeId: `${owner.episodeId}-b` } }, () => undefined);
+    await other.remove();
+    await other.remove();
+    expect(await fleetContainers('episode', `${owner.episodeId}-b`)).toEqual([]);
+  });
+
+  it('names a missing image as invalid input', async () => {
+    const err = await SandboxSession.open(deps, { ...spec, image: 'rollout-fleet/absent:1' }, () => undefined).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(FleetError);
+    expect(err).toMatchObject({ code: 'image_not_found', message: expect.stringContaining('image rollout-fleet/absent:1 not found') });
+    expect((err as FleetError).outcome).toEqual({ kind: 'invalid', retry: false });
+  });
+});
