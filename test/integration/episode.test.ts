@@ -1,0 +1,73 @@
+// Episodes end to end through an in-process worker: the agent never sees the hidden tests, an agent
+// past its ceiling is stopped and still graded, a broken or hanging verifier is the verifier's failure.
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
+import { loadBatch } from '../../src/tasks/load-task.ts';
+import { startWorker, type WorkerHandle } from '../../src/worker/start-worker.ts';
+import { docker, silentLog, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import { writeBatch } from '../helpers/scratch-tasks.ts';
+
+// A task whose verifier passes when the workspace file says "fixed".
+const task = (id: string, extra = '', verify = 'grep -qx fixed state.txt') => ({
+  yaml: `id: ${id}\ninstruction: write fixed into state.txt\nverify:\n  command: ${verify}\n  timeoutSec: 3\ndeadlineSec: 16\nreserves: { setupSec: 5, verifySec: 5, closeSec: 4 }\n${extra}`,
+  files: { 'workspace/state.txt': 'broken\n', 'tests/secret.txt': 'the hidden answer\n' },
+});
+
+describe('episodes', () => {
+  let env: FleetEnv;
+  let worker: WorkerHandle;
+
+  beforeAll(async () => {
+    env = await startFleetEnv();
+    worker = await startWorker({
+      redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir, docker, log: silentLog,
+      workerId: 'episode-w', concurrency: 4, callTimeoutMs: 30_000, outputCapBytes: 64 * 1024,
+    });
+  });
+  afterAll(async () => {
+    await worker?.close();
+    await env?.close();
+  });
+
+  async function runBatch(agentCommand: string, tasks: Record<string, ReturnType<typeof task>>) {
+    const file = await writeBatch(`tasks: [tasks]\nagent: { kind: command, command: ${JSON.stringify(agentCommand)} }\n`, tasks);
+    const plan = await enqueueBatch(await loadBatch(file), { queue: env.episodes, redis: env.client, prefix: env.prefix, results: env.results });
+    const results = await waitForResults(env, plan.batchId, plan.jobs.length);
+    await waitForNoContainers(plan.batchId);
+    return results;
+  }
+
+  it('keeps the hidden tests out of the agent\'s reach until verification', async () => {
+    const [r] = await runBatch('ls /tests; cat /tests/secret.txt; echo fixed > state.txt', { peek: task('peek', '', 'test -f /tests/secret.txt && grep -qx fixed state.txt') });
+    expect(r).toMatchObject({ status: 'passed', reward: 1 });
+    const evidence = path.join(env.dataDir, 'evidence', r!.episodeId, 'attempt-1');
+    const stderr = await readFile(path.join(evidence, 'agent.stderr.txt'), 'utf8');
+    const stdout = await readFile(path.join(evidence, 'agent.stdout.txt'), 'utf8');
+    expect(stderr).toContain('/tests');
+    expect(stderr).toContain('No such file or directory');
+    expect(stdout).not.toContain('the hidden answer');
+  });
+
+  it('stops an agent at its ceiling (deadline minus reserves) and still grades it', async () => {
+    const started = Date.now();
+    const [r] = await runBatch("echo fixed > state.txt; trap '' TERM; sleep 1000", { slow: task('slow') });
+    expect(r).toMatchObject({ status: 'timeout', reward: 1, agent: { timedOut: true } });
+    // The ceiling is 16 - 5 - 5 - 4 = 2 s; TERM is ignored, KILL follows after the grace period.
+    expect(r!.timings.agentMs).toBeGreaterThanOrEqual(2_000);
+    expect(r!.timings.agentMs).toBeLessThan(8_000);
+    expect(Date.now() - started).toBeLessThan(16_000 + 5_000);
+  });
+
+  it('records a hanging verifier and a crashing verifier as verifier failures, not retried', async () => {
+    const results = await runBatch('echo fixed > state.txt', {
+      hang: task('hang', '', 'sleep 1000'),
+      crash: task('crash', '', 'exit 3'),
+    });
+    const byTask = Object.fromEntries(results.map((r) => [r.taskId, r]));
+    expect(byTask.hang).toMatchObject({ status: 'error', reward: null, attempts: 1, error: { kind: 'verifier', code: 'verifier_timeout' } });
+    expect(byTask.crash).toMatchObject({ status: 'error', reward: null, attempts: 1, error: { kind: 'verifier', code: 'verifier_crashed' } });
+    expect(byTask.crash!.error!.message).toContain('exited with 3');
+  });
+});
