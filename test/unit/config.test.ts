@@ -1,0 +1,43 @@
+import { describe, expect, it } from 'vitest';
+import { ConfigError, loadConfig } from '../../src/config/config.ts';
+import { outcomeOf, type FleetErrorCode } from '../../src/errors/fleet-error.ts';
+
+describe('config', () => {
+  it('applies defaults and coerces numbers', () => {
+    const c = loadConfig({ REDIS_URL: 'redis://127.0.0.1:6379', FLEET_WORKER_CONCURRENCY: '8' });
+    expect(c.FLEET_WORKER_CONCURRENCY).toBe(8);
+    expect(c.FLEET_PREFIX).toBe('rf');
+    expect(c.DOCKER_HOST).toBe('unix:///var/run/docker.sock');
+  });
+
+  it('lists every bad value with its name', () => {
+    const err = (() => {
+      try {
+        loadConfig({ REDIS_URL: 'localhost', FLEET_DOCKER_CALL_TIMEOUT_MS: 'soon', LOG_LEVEL: 'loud' });
+      } catch (e) {
+        return e;
+      }
+    })();
+    expect(err).toBeInstanceOf(ConfigError);
+    const problems = (err as ConfigError).problems;
+    expect(problems).toHaveLength(3);
+    expect(problems[0]).toBe('REDIS_URL: must start with redis:// or rediss:// (got "localhost")');
+    expect(problems[1]).toMatch(/^FLEET_DOCKER_CALL_TIMEOUT_MS: .* \(got "soon"\)$/);
+    expect(problems[2]).toMatch(/^LOG_LEVEL: .* \(got "loud"\)$/);
+  });
+});
+
+describe('outcomeOf', () => {
+  it('retries infrastructure and model failures only', () => {
+    const codes: FleetErrorCode[] = ['invalid_payload', 'image_not_found', 'docker_timeout', 'worker_lost', 'model_error', 'agent_crashed', 'verifier_timeout'];
+    expect(codes.map((c) => [c, outcomeOf(c).kind, outcomeOf(c).retry])).toEqual([
+      ['invalid_payload', 'invalid', false],
+      ['image_not_found', 'invalid', false],
+      ['docker_timeout', 'infra', true],
+      ['worker_lost', 'infra', true],
+      ['model_error', 'model', true],
+      ['agent_crashed', 'agent', false],
+      ['verifier_timeout', 'verifier', false],
+    ]);
+  });
+});
