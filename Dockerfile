@@ -1,0 +1,13 @@
+# The fleet image: the rollout-fleet CLI with its dependencies. Workers started from it need the host's
+# Docker socket mounted (that is root on the host: see README, Operations).
+FROM node:20-bookworm-slim
+WORKDIR /opt/rollout-fleet
+COPY package.json package-lock.json ./
+RUN npm ci --omit=dev --no-audit --no-fund
+COPY tsconfig.json ./
+COPY src ./src
+COPY queues ./queues
+COPY examples ./examples
+ENV NODE_ENV=production
+ENTRYPOINT ["node", "src/cli/bin.js"]
+CMD ["worker"]
