@@ -4,6 +4,11 @@ import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
 
 export const CLEANUP_QUEUE = 'cleanup';
+/** Remove one episode's sandbox (payload: CleanupJob). */
+export const REMOVE_SANDBOX_JOB = 'remove-sandbox';
+/** The scheduled reaper (no payload). */
+export const REAP_JOB = 'reap';
+export const REAPER_SCHEDULER_ID = 'reaper';
 
 export const CleanupJob = z.strictObject({
   episodeId: z.string().min(1),

@@ -1,16 +1,26 @@
-// Thin processor of the `cleanup` queue: parse, remove the sandbox, let BullMQ retry on failure.
+// Thin processor of the `cleanup` queue: `remove-sandbox` jobs remove one sandbox; the scheduled
+// `reap` job removes orphans of dead workers and ended episodes. Failures retry with backoff.
 import type { Job } from 'bullmq';
 import { UnrecoverableError } from 'bullmq';
 import type Docker from 'dockerode';
+import { reapOrphans, type ReapDeps, type ReapReport } from '../../src/cleanup/reap-orphans.ts';
 import { describeIssues } from '../../src/config/zod-issues.ts';
 import { removeContainer } from '../../src/sandbox/sandbox-session.ts';
-import { CleanupJob, type CleanupResult } from './contract.ts';
+import { CleanupJob, REAP_JOB, REMOVE_SANDBOX_JOB, type CleanupResult } from './contract.ts';
 
-export function cleanupProcessor(docker: Docker) {
-  return async (job: Job): Promise<CleanupResult> => {
+export interface CleanupProcessorDeps extends ReapDeps {
+  docker: Docker;
+  /** Sandboxes younger than this are left to their worker even when they look orphaned. */
+  reapMinAgeMs: number;
+}
+
+export function cleanupProcessor(deps: CleanupProcessorDeps) {
+  return async (job: Job): Promise<CleanupResult | ReapReport> => {
+    if (job.name === REAP_JOB) return reapOrphans(deps, deps.reapMinAgeMs);
+    if (job.name !== REMOVE_SANDBOX_JOB) throw new UnrecoverableError(`unknown cleanup job ${JSON.stringify(job.name)}`);
     const parsed = CleanupJob.safeParse(job.data);
     if (!parsed.success) throw new UnrecoverableError(`invalid cleanup job: ${describeIssues(parsed.error, job.data).join('; ')}`);
-    await removeContainer(docker, parsed.data.containerId, parsed.data.timeoutMs);
+    await removeContainer(deps.docker, parsed.data.containerId, parsed.data.timeoutMs);
     return { removed: parsed.data.containerId };
   };
 }

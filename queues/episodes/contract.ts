@@ -65,13 +65,25 @@ export const EpisodeResult = z.object({
 export type EpisodeResult = z.infer<typeof EpisodeResult>;
 
 /**
- * Infrastructure failures retry with exponential backoff; other failures are final results (the
- * processor returns them instead of throwing). Finished jobs are kept 7 days: while a job is kept,
- * enqueueing its batch again adds nothing.
+ * Further attempts per failure kind (the worker's defaults; FLEET_INFRA_RETRIES and FLEET_MODEL_RETRIES
+ * override). Agent, verifier and invalid-input failures are final results, never retried.
+ */
+export const DEFAULT_RETRY_BUDGETS = { infra: 2, model: 2 } as const;
+export const MAX_RETRIES_PER_KIND = 20;
+
+/** Backoff of retried episodes: 2 s, 4 s, 8 s ... at most a minute. */
+export function episodeBackoffMs(attemptsMade: number): number {
+  return Math.min(60_000, 2_000 * 2 ** Math.max(0, attemptsMade - 1));
+}
+
+/**
+ * Retryable failures back off exponentially; BullMQ's attempts is only the ceiling, the processor
+ * applies the budget of each kind. Finished jobs are kept 7 days: while a job is kept, enqueueing its
+ * batch again adds nothing.
  */
 export const episodeJobOptions = {
-  attempts: 3,
-  backoff: { type: 'exponential', delay: 2_000 },
+  attempts: 1 + MAX_RETRIES_PER_KIND * 2,
+  backoff: { type: 'custom' },
   removeOnComplete: { age: 7 * 24 * 3600 },
   removeOnFail: { age: 7 * 24 * 3600 },
 } as const satisfies JobsOptions;

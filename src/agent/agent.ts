@@ -24,6 +24,8 @@ export interface AgentRun {
   exitCode: number | null;
   /** The ceiling passed and the agent was stopped; the episode is still verified. */
   timedOut: boolean;
+  /** The episode's signal stopped the agent (cancellation, drain); it is not verified. */
+  aborted: boolean;
   stdout: CapturedOutput;
   stderr: CapturedOutput;
   durationMs: number;

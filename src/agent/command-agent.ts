@@ -7,12 +7,12 @@ export class CommandAgent implements Agent {
   constructor(private readonly command: string) {}
 
   async run(ctx: AgentContext): Promise<AgentRun> {
-    const { exitCode, timedOut, stdout, stderr, durationMs } = await ctx.session.exec(this.command, {
+    const { exitCode, timedOut, aborted, stdout, stderr, durationMs } = await ctx.session.exec(this.command, {
       timeoutMs: ctx.ceilingMs,
       capBytes: ctx.outputCapBytes,
       env: agentEnv(ctx.task),
       signal: ctx.signal,
     });
-    return { exitCode, timedOut, stdout, stderr, durationMs };
+    return { exitCode, timedOut, aborted, stdout, stderr, durationMs };
   }
 }

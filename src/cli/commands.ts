@@ -29,9 +29,14 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     concurrency: positive('concurrency', values.concurrency) ?? config.FLEET_WORKER_CONCURRENCY,
     callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS,
     outputCapBytes: config.FLEET_OUTPUT_CAP_BYTES,
+    leaseTtlMs: config.FLEET_LEASE_TTL_MS,
+    reaperIntervalMs: config.FLEET_REAPER_INTERVAL_MS,
+    lockDurationMs: config.FLEET_LOCK_DURATION_MS,
+    drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS,
+    retryBudgets: { infra: config.FLEET_INFRA_RETRIES, model: config.FLEET_MODEL_RETRIES },
   });
-  const signal = await Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
-  log.info({ signal }, 'stopping: finishing running episodes');
+  const [signal] = await Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
+  log.info({ signal, running: handle.running.size, drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS }, 'draining');
   await handle.close();
   return 0;
 }

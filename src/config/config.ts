@@ -3,6 +3,7 @@
 import os from 'node:os';
 import path from 'node:path';
 import { z } from 'zod';
+import { DEFAULT_RETRY_BUDGETS, MAX_RETRIES_PER_KIND } from '../../queues/episodes/contract.ts';
 import { describeIssues } from './zod-issues.ts';
 
 const positiveInt = z.coerce.number().int().positive();
@@ -30,6 +31,18 @@ export const FleetConfig = z.object({
     .string()
     .regex(/^[A-Za-z0-9_.-]+$/, 'letters, digits, ., - and _ only')
     .default(`${os.hostname()}-${process.pid}`),
+  /** A worker's lease in Redis expires this long after its last heartbeat (the reaper then takes its sandboxes). @default 15000 */
+  FLEET_LEASE_TTL_MS: positiveInt.default(15_000),
+  /** How often the reaper looks for orphaned sandboxes. @default 30000 */
+  FLEET_REAPER_INTERVAL_MS: positiveInt.default(30_000),
+  /** BullMQ job lock: a job whose worker stopped renewing it is taken over after about this long. @default 30000 */
+  FLEET_LOCK_DURATION_MS: positiveInt.default(30_000),
+  /** On SIGTERM, running episodes get this long to finish before they are handed back to the queue. @default 30000 */
+  FLEET_DRAIN_TIMEOUT_MS: z.coerce.number().int().min(0).default(30_000),
+  /** Further attempts after infrastructure failures (Docker, Redis, lost worker). @default 2 */
+  FLEET_INFRA_RETRIES: z.coerce.number().int().min(0).max(MAX_RETRIES_PER_KIND).default(DEFAULT_RETRY_BUDGETS.infra),
+  /** Further attempts after model endpoint failures. @default 2 */
+  FLEET_MODEL_RETRIES: z.coerce.number().int().min(0).max(MAX_RETRIES_PER_KIND).default(DEFAULT_RETRY_BUDGETS.model),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 export type FleetConfig = z.infer<typeof FleetConfig>;

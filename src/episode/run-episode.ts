@@ -1,16 +1,23 @@
 // One episode attempt, start to finish: seed ONE sandbox session, copy the workspace in, run the agent
-// under its ceiling, copy the hidden tests in and verify, then close: evidence first, then the sandbox
-// is handed to the cleanup queue. Every failure becomes a result with a kind, or a retry.
+// under its ceiling, copy the hidden tests in and verify, then a bounded close: evidence first, then
+// the sandbox is handed to the cleanup queue. Every failure becomes a result with a kind, or a retry.
+import path from 'node:path';
+import type { Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { EpisodeJob, EpisodeResult } from '../../queues/episodes/contract.ts';
 import { createAgent, type AgentRun } from '../agent/agent.ts';
+import { stopOf, type StopReason } from '../errors/episode-stop.ts';
 import { FleetError, toFleetError } from '../errors/fleet-error.ts';
 import type { EvidenceStore } from '../evidence/evidence-store.ts';
+import { extractSafely, type ExtractLimits } from '../evidence/safe-extract.ts';
+import { diffWorkspace } from '../evidence/workspace-diff.ts';
 import { SANDBOX_USER, SandboxSession, removeContainer, type ExecResult } from '../sandbox/sandbox-session.ts';
+import type { TaskArchive } from '../tasks/task-archive.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import { agentCeilingSec } from '../tasks/task-spec.ts';
+import type { EpisodeControl } from './episode-control.ts';
 
 /** Where the hidden tests are copied for verification, after the agent stopped. */
 export const TESTS_DIR = '/tests';
@@ -22,17 +29,21 @@ export interface EpisodeDeps {
   log: Logger;
   workerId: string;
   evidence: EvidenceStore;
+  control: EpisodeControl;
   /** Deadline of each Docker API call. */
   callTimeoutMs: number;
   outputCapBytes: number;
+  /** Caps of the workspace snapshot taken at close. */
+  snapshotLimits: ExtractLimits;
   /** Hand a sandbox to the cleanup queue. */
   scheduleCleanup(episodeId: string, containerId: string): Promise<void>;
 }
 
 export interface EpisodeAttempt {
   job: EpisodeJob;
-  /** 1-based. */
+  /** 1-based: how many times this episode was started, this time included. */
   attempt: number;
+  /** Aborted with an EpisodeStop to cancel the episode or hand it back (drain). */
   signal: AbortSignal;
 }
 
@@ -40,6 +51,8 @@ export interface EpisodeOutcome {
   result: EpisodeResult;
   /** The failure may go away on another attempt (infrastructure, model). */
   retry: boolean;
+  /** The worker is draining: the episode goes back to the queue, this attempt records no result. */
+  handBack: boolean;
   error?: FleetError;
 }
 
@@ -60,6 +73,17 @@ function phaseSignal(parent: AbortSignal, ms: number, error: () => FleetError): 
 
 const summary = (run: AgentRun | ExecResult) => ({ exitCode: run.exitCode, timedOut: run.timedOut, durationMs: run.durationMs });
 
+interface Attempt {
+  archive?: TaskArchive;
+  containerId?: string;
+  session?: SandboxSession;
+  agentRun?: AgentRun;
+  verifyRun?: ExecResult;
+  imageId?: string;
+}
+
+type Graded = { status: EpisodeResult['status']; reward: number | null; error?: FleetError; stop?: StopReason };
+
 export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Promise<EpisodeOutcome> {
   const { job, signal } = attempt;
   const { task } = job;
@@ -68,93 +92,168 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
   const t0 = performance.now();
   const since = (t: number) => Math.round(performance.now() - t);
   const timings: EpisodeResult['timings'] = { totalMs: 0 };
-  const provenance: EpisodeResult['provenance'] = { taskDigest: job.taskDigest, image: task.image, agent: job.agent };
-  const base = { episodeId: job.episodeId, batchId: job.batchId, taskId: task.id, sample: job.sample, attempts: attempt.attempt, workerId: deps.workerId };
+  const state: Attempt = {};
 
-  let containerId: string | undefined;
-  let session: SandboxSession | undefined;
-  let agentRun: AgentRun | undefined;
-  let verifyRun: ExecResult | undefined;
-  let oomKilled: boolean | undefined;
-  let outcome: Omit<EpisodeOutcome, 'result'> & { status: EpisodeResult['status']; reward: number | null };
-
+  let graded: Graded;
   try {
-    // Set-up: fetch the task, seed the one sandbox of this episode, copy the workspace in.
-    const tSetup = performance.now();
-    const setupSignal = phaseSignal(signal, task.reserves.setupSec * 1000, () =>
-      new FleetError('docker_timeout', `set-up passed its reserve of ${task.reserves.setupSec}s`));
-    const archive = await getTaskArchive(deps.redis, deps.prefix, job.taskDigest);
-    session = await SandboxSession.open(
-      { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
-      { image: task.image, workdir: task.workdir, limits: task.limits, owner: { episodeId: job.episodeId, batchId: job.batchId, workerId: deps.workerId, attempt: attempt.attempt } },
-      (id) => {
-        containerId = id;
-      },
-      setupSignal,
-    );
-    provenance.imageId = session.imageId;
-    await session.putArchive(await archive.partAsTar('workspace', task.workdir, SANDBOX_USER), '/', setupSignal);
-    timings.setupMs = since(tSetup);
-    log.info({ containerId, setupMs: timings.setupMs }, 'sandbox ready');
-
-    // The agent, under its ceiling: the deadline minus the set-up, verification and close reserves.
-    const ceilingMs = agentCeilingSec(task) * 1000;
-    agentRun = await createAgent(job.agent).run({ session, task, archive, ceilingMs, outputCapBytes: deps.outputCapBytes, signal });
-    timings.agentMs = agentRun.durationMs;
-    log.info({ exitCode: agentRun.exitCode, timedOut: agentRun.timedOut, agentMs: agentRun.durationMs }, 'agent stopped');
-
-    // Verification: the hidden tests exist in the sandbox only from now on.
-    const tVerify = performance.now();
-    await session.putArchive(await archive.partAsTar('tests', TESTS_DIR, SANDBOX_USER), '/', signal);
-    verifyRun = await session.exec(task.verify.command, { timeoutMs: task.verify.timeoutSec * 1000, capBytes: deps.outputCapBytes, signal });
-    timings.verifyMs = since(tVerify);
-    if (verifyRun.timedOut) throw new FleetError('verifier_timeout', `verifier passed its timeout of ${task.verify.timeoutSec}s`);
-    if (verifyRun.exitCode !== 0 && verifyRun.exitCode !== 1) {
-      throw new FleetError('verifier_crashed', `verifier exited with ${verifyRun.exitCode} (0 passes, 1 fails, anything else is a broken verifier)`);
-    }
-    const reward = verifyRun.exitCode === 0 ? 1 : 0;
-    const status = agentRun.timedOut ? 'timeout' : reward === 1 ? 'passed' : 'failed';
-    outcome = { status, reward, retry: false };
+    graded = await setUpRunVerify(attempt, deps, state, timings, log);
   } catch (err) {
-    const error = toFleetError(err);
-    outcome = { status: 'error', reward: null, retry: error.outcome.retry, error };
-    log.warn({ code: error.code, kind: error.outcome.kind, err: error.message }, 'episode attempt failed');
+    const stop = stopOf(signal);
+    if (stop) {
+      graded = { status: 'cancelled', reward: null, stop: stop.reason };
+    } else {
+      const error = toFleetError(err);
+      graded = { status: 'error', reward: null, error };
+      log.warn({ code: error.code, kind: error.outcome.kind, err: error.message }, 'episode attempt failed');
+    }
   }
 
-  // Close: evidence first, then the sandbox goes to the cleanup queue. Never throws.
+  // Close. From here on a cancel is refused (the caller is told the episode is closing), unless it
+  // was flagged first, in which case the episode ends cancelled.
   const tClose = performance.now();
-  if (session !== undefined) {
-    oomKilled = await session.state().then((s) => s.oomKilled, () => undefined);
+  if (graded.stop === undefined && (await deps.control.beginClose(job.episodeId).catch(() => 'closing')) === 'cancelled') {
+    graded = { status: 'cancelled', reward: null, stop: 'cancelled' };
   }
-  await Promise.all([
-    agentRun && deps.evidence.writeOutput(job.episodeId, attempt.attempt, 'agent', agentRun),
-    verifyRun && deps.evidence.writeOutput(job.episodeId, attempt.attempt, 'verifier', verifyRun),
-  ]).catch((err: unknown) => log.error({ err }, 'writing evidence failed'));
-  if (containerId !== undefined) {
-    const id = containerId;
-    await deps.scheduleCleanup(job.episodeId, id).catch(async (err: unknown) => {
-      log.warn({ containerId: id, err: String(err) }, 'cleanup queue unavailable; removing the sandbox directly');
-      await removeContainer(deps.docker, id, task.reserves.closeSec * 1000).catch((e: unknown) =>
-        log.error({ containerId: id, err: String(e) }, 'sandbox not removed; the reaper will find it by its labels'));
-    });
-  }
+  const oomKilled = await closeEpisode(attempt, deps, state, log);
   timings.closeMs = since(tClose);
   timings.totalMs = since(t0);
 
-  const { error } = outcome;
+  const { error } = graded;
   const result: EpisodeResult = {
-    ...base,
-    status: outcome.status,
+    episodeId: job.episodeId,
+    batchId: job.batchId,
+    taskId: task.id,
+    sample: job.sample,
+    status: graded.status,
     ...(error && { error: { kind: error.outcome.kind, code: error.code, message: error.message } }),
-    reward: outcome.reward,
+    reward: graded.reward,
+    attempts: attempt.attempt,
+    workerId: deps.workerId,
     timings,
-    provenance,
-    ...(agentRun && { agent: summary(agentRun) }),
-    ...(verifyRun && { verifier: summary(verifyRun) }),
+    provenance: { taskDigest: job.taskDigest, image: task.image, ...(state.imageId && { imageId: state.imageId }), agent: job.agent },
+    ...(state.agentRun && { agent: summary(state.agentRun) }),
+    ...(state.verifyRun && { verifier: summary(state.verifyRun) }),
     ...(oomKilled !== undefined && { oomKilled }),
     startedAt: startedAt.toISOString(),
     endedAt: new Date().toISOString(),
   };
   await deps.evidence.writeJson(job.episodeId, attempt.attempt, 'result', result).catch(() => undefined);
-  return { result, retry: outcome.retry, ...(error && { error }) };
+  return {
+    result,
+    retry: error?.outcome.retry ?? false,
+    handBack: graded.stop === 'drain',
+    ...(error && { error }),
+  };
 }
+
+/** Set-up, agent, verification. Throws on failure; the signal's EpisodeStop when stopped from outside. */
+async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state: Attempt, timings: EpisodeResult['timings'], log: Logger): Promise<Graded> {
+  const { job, signal } = attempt;
+  const { task } = job;
+  const since = (t: number) => Math.round(performance.now() - t);
+
+  // Set-up: fetch the task, seed the one sandbox of this episode, copy the workspace in.
+  const tSetup = performance.now();
+  const setupSignal = phaseSignal(signal, task.reserves.setupSec * 1000, () =>
+    new FleetError('docker_timeout', `set-up passed its reserve of ${task.reserves.setupSec}s`));
+  const archive = await getTaskArchive(deps.redis, deps.prefix, job.taskDigest);
+  state.archive = archive;
+  const session = await SandboxSession.open(
+    { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
+    {
+      image: task.image,
+      workdir: task.workdir,
+      limits: task.limits,
+      owner: { fleet: deps.prefix, episodeId: job.episodeId, batchId: job.batchId, workerId: deps.workerId, attempt: attempt.attempt },
+    },
+    (id) => {
+      state.containerId = id;
+    },
+    setupSignal,
+  );
+  state.session = session;
+  state.imageId = session.imageId;
+  await session.putArchive(await archive.partAsTar('workspace', task.workdir, SANDBOX_USER), '/', setupSignal);
+  timings.setupMs = since(tSetup);
+  log.info({ containerId: state.containerId, setupMs: timings.setupMs }, 'sandbox ready');
+
+  // The agent, under its ceiling: the deadline minus the set-up, verification and close reserves.
+  const ceilingMs = agentCeilingSec(task) * 1000;
+  const agentRun = await createAgent(job.agent).run({ session, task, archive, ceilingMs, outputCapBytes: deps.outputCapBytes, signal });
+  state.agentRun = agentRun;
+  timings.agentMs = agentRun.durationMs;
+  log.info({ exitCode: agentRun.exitCode, timedOut: agentRun.timedOut, agentMs: agentRun.durationMs }, 'agent stopped');
+  if (signal.aborted) throw signal.reason;
+
+  // Verification: the hidden tests exist in the sandbox only from now on.
+  const tVerify = performance.now();
+  await session.putArchive(await archive.partAsTar('tests', TESTS_DIR, SANDBOX_USER), '/', signal);
+  const verifyRun = await session.exec(task.verify.command, { timeoutMs: task.verify.timeoutSec * 1000, capBytes: deps.outputCapBytes, signal });
+  state.verifyRun = verifyRun;
+  timings.verifyMs = since(tVerify);
+  if (signal.aborted) throw signal.reason;
+  if (verifyRun.timedOut) throw new FleetError('verifier_timeout', `verifier passed its timeout of ${task.verify.timeoutSec}s`);
+  if (verifyRun.exitCode !== 0 && verifyRun.exitCode !== 1) {
+    throw new FleetError('verifier_crashed', `verifier exited with ${verifyRun.exitCode} (0 passes, 1 fails, anything else is a broken verifier)`);
+  }
+  const reward = verifyRun.exitCode === 0 ? 1 : 0;
+  return { status: agentRun.timedOut ? 'timeout' : reward === 1 ? 'passed' : 'failed', reward };
+}
+
+/**
+ * Bounded close: evidence first (outputs, container state, workspace snapshot and diff), all within
+ * the close reserve; then the sandbox goes to the cleanup queue, which finishes whatever close could
+ * not. Never throws. Returns whether the sandbox was OOM-killed, when known.
+ */
+async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, state: Attempt, log: Logger): Promise<boolean | undefined> {
+  const { job } = attempt;
+  const { task } = job;
+  const { evidence } = deps;
+  // Keep a little of the reserve for handing the sandbox over.
+  const budgetMs = Math.max(1_000, task.reserves.closeSec * 1000 - 2_000);
+  const closeSignal = AbortSignal.timeout(budgetMs);
+  let oomKilled: boolean | undefined;
+
+  const collect = async () => {
+    await Promise.all([
+      state.agentRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'agent', state.agentRun),
+      state.verifyRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'verifier', state.verifyRun),
+    ]);
+    if (state.session === undefined) return;
+    oomKilled = await state.session.state(closeSignal).then((s) => s.oomKilled, () => undefined);
+    const folder = evidence.folder(job.episodeId, attempt.attempt);
+    const snapshotDir = path.join(folder, 'workspace');
+    const tar = (await state.session.getArchive(task.workdir, closeSignal)) as Readable;
+    closeSignal.addEventListener('abort', () => tar.destroy(), { once: true });
+    const extraction = await extractSafely(tar, snapshotDir, { ...deps.snapshotLimits, strip: 1 });
+    const changes = await diffWorkspace(state.archive?.files('workspace') ?? new Map(), snapshotDir, extraction, deps.snapshotLimits.maxFileBytes);
+    await Promise.all([
+      evidence.writeText(job.episodeId, attempt.attempt, 'workspace.diff', changes.diff),
+      evidence.writeJson(job.episodeId, attempt.attempt, 'evidence', {
+        outputCapBytes: deps.outputCapBytes,
+        agent: state.agentRun && { stdout: capInfo(state.agentRun.stdout), stderr: capInfo(state.agentRun.stderr) },
+        verifier: state.verifyRun && { stdout: capInfo(state.verifyRun.stdout), stderr: capInfo(state.verifyRun.stderr) },
+        workspace: { added: changes.added, removed: changes.removed, modified: changes.modified, extraction: { ...extraction, files: extraction.files.length } },
+        oomKilled,
+      }),
+    ]);
+  };
+  const budget = new Promise<'budget'>((resolve) => closeSignal.addEventListener('abort', () => resolve('budget'), { once: true }));
+  const collected = await Promise.race([collect().then(() => 'done' as const, (err: unknown) => {
+    log.warn({ err: String(err) }, 'collecting evidence failed');
+    return 'failed' as const;
+  }), budget]);
+  if (collected === 'budget') log.warn({ budgetMs }, 'evidence collection passed the close reserve; kept what it had');
+
+  if (state.containerId !== undefined) {
+    const id = state.containerId;
+    await deps.scheduleCleanup(job.episodeId, id).catch(async (err: unknown) => {
+      log.warn({ containerId: id, err: String(err) }, 'cleanup queue unavailable; removing the sandbox directly');
+      await removeContainer(deps.docker, id, deps.callTimeoutMs).catch((e: unknown) =>
+        log.error({ containerId: id, err: String(e) }, 'sandbox not removed; the reaper will find it by its labels'));
+    });
+  }
+  return oomKilled;
+}
+
+const capInfo = (o: { totalBytes: number; truncated: boolean; capBytes: number }) => ({ totalBytes: o.totalBytes, truncated: o.truncated, capBytes: o.capBytes });

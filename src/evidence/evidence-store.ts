@@ -11,12 +11,21 @@ export class EvidenceStore {
     return path.join(this.dataDir, 'evidence', episodeId, `attempt-${attempt}`);
   }
 
+  /** Where the reaper puts what it saved of an orphaned sandbox. */
+  salvageFolder(episodeId: string, containerId: string): string {
+    return path.join(this.dataDir, 'evidence', episodeId, `salvaged-${containerId.slice(0, 12)}`);
+  }
+
   /** Write captured output as `<name>.stdout.txt` / `<name>.stderr.txt`, truncation noted in the file. */
   async writeOutput(episodeId: string, attempt: number, name: string, out: { stdout: CapturedOutput; stderr: CapturedOutput }): Promise<void> {
     const dir = this.folder(episodeId, attempt);
     await Promise.all(
       (['stdout', 'stderr'] as const).map((stream) => writeFileAtomic(path.join(dir, `${name}.${stream}.txt`), out[stream].text)),
     );
+  }
+
+  async writeText(episodeId: string, attempt: number, name: string, text: string): Promise<void> {
+    await writeFileAtomic(path.join(this.folder(episodeId, attempt), name), text);
   }
 
   async writeJson(episodeId: string, attempt: number, name: string, value: unknown): Promise<void> {

@@ -50,6 +50,16 @@ export class ResultsStore {
     return first === 1;
   }
 
+  /** Whether the episode has a result. */
+  async has(batchId: string, episodeId: string): Promise<boolean> {
+    return (await this.redis.hexists(this.resultsKey(batchId), episodeId)) === 1;
+  }
+
+  /** Forget an episode's result so it can run again (retry by kind). */
+  async forget(batchId: string, episodeId: string): Promise<void> {
+    await this.redis.hdel(this.resultsKey(batchId), episodeId);
+  }
+
   /** The results recorded so far, in the manifest's order. */
   async results(batchId: string): Promise<EpisodeResult[]> {
     const all = await this.redis.hgetall(this.resultsKey(batchId));

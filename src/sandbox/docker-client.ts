@@ -1,6 +1,7 @@
 // The Docker engine client and the deadline every call to it runs under. Only src/sandbox imports
 // dockerode; everything else sees sandbox sessions.
 import Docker from 'dockerode';
+import { EpisodeStop } from '../errors/episode-stop.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 
 export type { Docker };
@@ -61,8 +62,8 @@ export async function dockerCall<T>(
   try {
     return await Promise.race([call(signal), aborted]);
   } catch (err) {
-    // A caller that aborts with a FleetError (cancellation, a phase deadline) gets that error back.
-    if (opts.signal?.aborted && opts.signal.reason instanceof FleetError) throw opts.signal.reason;
+    // A caller that aborts with a reason of its own (a phase deadline, a cancellation) gets it back.
+    if (opts.signal?.aborted && (opts.signal.reason instanceof FleetError || opts.signal.reason instanceof EpisodeStop)) throw opts.signal.reason;
     throw dockerError(what, err);
   } finally {
     if (onAbort) signal.removeEventListener('abort', onAbort);

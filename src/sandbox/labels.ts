@@ -2,6 +2,8 @@
 // what belongs to which episode, worker and attempt, whatever process created it.
 export const LABEL = {
   managed: 'rollout-fleet',
+  /** The fleet's Redis key prefix: several fleets (or test runs) can share one engine. */
+  fleet: 'rollout-fleet.fleet',
   episode: 'rollout-fleet.episode',
   batch: 'rollout-fleet.batch',
   worker: 'rollout-fleet.worker',
@@ -9,6 +11,7 @@ export const LABEL = {
 } as const;
 
 export interface SandboxOwner {
+  fleet: string;
   episodeId: string;
   batchId: string;
   workerId: string;
@@ -18,6 +21,7 @@ export interface SandboxOwner {
 export function sandboxLabels(owner: SandboxOwner): Record<string, string> {
   return {
     [LABEL.managed]: '1',
+    [LABEL.fleet]: owner.fleet,
     [LABEL.episode]: owner.episodeId,
     [LABEL.batch]: owner.batchId,
     [LABEL.worker]: owner.workerId,

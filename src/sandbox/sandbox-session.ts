@@ -46,6 +46,8 @@ export interface ExecResult {
   exitCode: number | null;
   /** The timeout passed and the process tree was stopped. */
   timedOut: boolean;
+  /** The caller's signal aborted (cancellation, drain) and the process tree was stopped. */
+  aborted: boolean;
   stdout: CapturedOutput;
   stderr: CapturedOutput;
   durationMs: number;
@@ -188,15 +190,16 @@ export class SandboxSession {
       stream.once('close', resolve);
       stream.once('error', () => resolve());
     });
-    const limit = AbortSignal.any([AbortSignal.timeout(opts.timeoutMs), ...(opts.signal ? [opts.signal] : [])]);
+    const timeout = AbortSignal.timeout(opts.timeoutMs);
+    const limit = opts.signal ? AbortSignal.any([timeout, opts.signal]) : timeout;
     const stopped = new Promise<'stopped'>((resolve) => {
       if (limit.aborted) resolve('stopped');
       else limit.addEventListener('abort', () => resolve('stopped'), { once: true });
     });
     const first = await Promise.race([ended.then(() => 'ended' as const), stopped]);
-    let timedOut = false;
+    const aborted = first === 'stopped' && opts.signal?.aborted === true;
+    const timedOut = first === 'stopped' && !aborted;
     if (first === 'stopped') {
-      timedOut = true;
       await this.stopProcesses(ended);
       stream.destroy();
     }
@@ -207,11 +210,12 @@ export class SandboxSession {
       );
       exitCode = info.ExitCode ?? null;
     } catch (err) {
-      if (!timedOut) throw err;
+      if (first !== 'stopped') throw err;
     }
     return {
       exitCode,
       timedOut,
+      aborted,
       stdout: stdout.result(),
       stderr: stderr.result(),
       durationMs: Math.round(performance.now() - started),

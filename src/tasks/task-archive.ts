@@ -48,6 +48,15 @@ export class TaskArchive {
     return this.entries.find((e) => e.header.name === name && e.header.type === 'file')?.data.toString('utf8');
   }
 
+  /** The regular files under `part/`, by path relative to it. */
+  files(part: string): Map<string, Buffer> {
+    const out = new Map<string, Buffer>();
+    for (const { header, data } of this.entries) {
+      if (header.type === 'file' && header.name.startsWith(`${part}/`)) out.set(header.name.slice(part.length + 1), data);
+    }
+    return out;
+  }
+
   /**
    * A tar of the folder `part/` rebased to the absolute folder `dest`, for putArchive at "/": entry
    * names are relative to "/", owned by `owner`, with the destination folder itself as first entry.

@@ -1,19 +1,25 @@
-// A worker process's queues: episodes (the main work), cleanup (sandbox removal) and checkpoints (the
-// background writer). Everything it needs is passed in; closing waits for running jobs, then
-// releases every connection it opened.
+// A worker process's queues: episodes (the main work), cleanup (sandbox removal and the scheduled
+// reaper) and checkpoints (the background writer); plus its lease and its ear for cancel requests.
+// Everything it needs is passed in; close() drains: no new jobs, running episodes get the drain
+// timeout, then are handed back to the queue; every connection it opened is released.
 import { Queue, Worker, type Job } from 'bullmq';
 import type Docker from 'dockerode';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import { checkpointProcessor } from '../../queues/checkpoints/processor.ts';
-import { CLEANUP_QUEUE, CleanupJob, cleanupJobId, cleanupJobOptions } from '../../queues/cleanup/contract.ts';
+import { CLEANUP_QUEUE, CleanupJob, REAPER_SCHEDULER_ID, REAP_JOB, REMOVE_SANDBOX_JOB, cleanupJobId, cleanupJobOptions } from '../../queues/cleanup/contract.ts';
 import { cleanupProcessor } from '../../queues/cleanup/processor.ts';
-import { EPISODES_QUEUE, EpisodeJob, episodeJobOptions } from '../../queues/episodes/contract.ts';
-import { episodeProcessor, invalidPayloadResult } from '../../queues/episodes/processor.ts';
+import { EPISODES_QUEUE, episodeBackoffMs } from '../../queues/episodes/contract.ts';
+import { RetryableEpisodeError, episodeProcessor, type RetryBudgets } from '../../queues/episodes/processor.ts';
 import { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
+import { EpisodeControl } from '../episode/episode-control.ts';
+import { resultWithoutRun } from '../episode/episode-result.ts';
+import { RunningEpisodes } from '../episode/running-episodes.ts';
 import { EvidenceStore } from '../evidence/evidence-store.ts';
+import type { ExtractLimits } from '../evidence/safe-extract.ts';
 import { ResultsStore } from '../results/results-store.ts';
+import { startLease } from './lease.ts';
 
 export interface WorkerOptions {
   redisUrl: string;
@@ -25,74 +31,127 @@ export interface WorkerOptions {
   concurrency: number;
   callTimeoutMs: number;
   outputCapBytes: number;
+  /** @default 15000 */
+  leaseTtlMs?: number;
+  /** @default 30000 */
+  reaperIntervalMs?: number;
+  /** BullMQ lock duration; the stalled-job check runs at the same interval. @default 30000 */
+  lockDurationMs?: number;
+  /** @default 30000 */
+  drainTimeoutMs?: number;
+  /** @default DEFAULT_RETRY_BUDGETS */
+  retryBudgets?: RetryBudgets;
+  /** @default 16 MiB total, 4 MiB per file, 2000 files */
+  snapshotLimits?: ExtractLimits;
 }
 
 export interface WorkerHandle {
   workerId: string;
-  /** Stop taking jobs, let running ones finish, close every connection. */
+  running: RunningEpisodes;
+  /** Stop taking jobs; running episodes get the drain timeout, then go back to the queue. */
   close(): Promise<void>;
 }
 
+export const DEFAULT_SNAPSHOT_LIMITS: ExtractLimits = { maxBytes: 16 * 1024 * 1024, maxFileBytes: 4 * 1024 * 1024, maxFiles: 2_000 };
+
 export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
-  const { prefix, log, workerId } = opts;
+  const { prefix, log, workerId, docker } = opts;
+  const lockDuration = opts.lockDurationMs ?? 30_000;
+  const leaseTtlMs = opts.leaseTtlMs ?? 15_000;
+  const reaperIntervalMs = opts.reaperIntervalMs ?? 30_000;
+  const drainTimeoutMs = opts.drainTimeoutMs ?? 30_000;
+  const snapshotLimits = opts.snapshotLimits ?? DEFAULT_SNAPSHOT_LIMITS;
+
   const connection = new Redis(opts.redisUrl, { maxRetriesPerRequest: null, connectionName: `rf-worker-${workerId}` });
-  connection.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
+  const subscriber = connection.duplicate({ connectionName: `rf-worker-${workerId}-cancel` });
+  for (const c of [connection, subscriber]) c.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
+
   const results = new ResultsStore(connection, prefix, opts.dataDir);
+  const evidence = new EvidenceStore(opts.dataDir);
+  const control = new EpisodeControl(connection, prefix);
+  const running = new RunningEpisodes();
+  const lease = await startLease(connection, prefix, workerId, leaseTtlMs, log);
+
+  // Cancel requests reach whichever worker runs the episode.
+  await subscriber.subscribe(control.channel);
+  subscriber.on('message', (_channel: string, episodeId: string) => {
+    if (running.stop(episodeId, 'cancelled')) log.info({ episodeId }, 'episode cancelled');
+  });
+
   const cleanupQueue = new Queue(CLEANUP_QUEUE, { connection, prefix });
   cleanupQueue.on('error', (err) => log.warn({ err: err.message }, 'cleanup queue error'));
+  await cleanupQueue.upsertJobScheduler(REAPER_SCHEDULER_ID, { every: reaperIntervalMs }, {
+    name: REAP_JOB,
+    data: {},
+    opts: { removeOnComplete: 50, removeOnFail: 50 },
+  });
 
+  const workerOpts = { connection, prefix, name: workerId, lockDuration, stalledInterval: lockDuration };
   const episodes = new Worker(
     EPISODES_QUEUE,
     episodeProcessor({
-      docker: opts.docker,
+      docker,
       redis: connection,
       prefix,
       log,
       workerId,
-      evidence: new EvidenceStore(opts.dataDir),
+      evidence,
       results,
+      control,
+      running,
+      retryBudgets: opts.retryBudgets ?? { infra: 2, model: 2 },
       callTimeoutMs: opts.callTimeoutMs,
       outputCapBytes: opts.outputCapBytes,
+      snapshotLimits,
       async scheduleCleanup(episodeId, containerId) {
         const data: CleanupJob = CleanupJob.parse({ episodeId, containerId });
-        await cleanupQueue.add('remove-sandbox', data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
+        await cleanupQueue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
       },
     }),
-    { connection, prefix, concurrency: opts.concurrency, name: workerId },
+    { ...workerOpts, concurrency: opts.concurrency, settings: { backoffStrategy: episodeBackoffMs } },
   );
-  const cleanup = new Worker(CLEANUP_QUEUE, cleanupProcessor(opts.docker), { connection, prefix, concurrency: 4, name: workerId });
-  const checkpoints = new Worker(CHECKPOINTS_QUEUE, checkpointProcessor(new CheckpointStore(opts.dataDir)), {
-    connection,
-    prefix,
-    concurrency: 4,
-    name: workerId,
-  });
+  const cleanup = new Worker(
+    CLEANUP_QUEUE,
+    cleanupProcessor({ docker, redis: connection, prefix, results, evidence, log, callTimeoutMs: opts.callTimeoutMs, salvageLimits: snapshotLimits, reapMinAgeMs: 0 }),
+    { ...workerOpts, concurrency: 4 },
+  );
+  const checkpoints = new Worker(CHECKPOINTS_QUEUE, checkpointProcessor(new CheckpointStore(opts.dataDir)), { ...workerOpts, concurrency: 4 });
 
   for (const w of [episodes, cleanup, checkpoints]) {
     w.on('error', (err) => log.error({ queue: w.name, err: err.message }, 'worker error'));
   }
   episodes.on('failed', (job: Job | undefined, err: Error) => {
     if (job === undefined) return;
-    const final = job.attemptsMade >= (job.opts.attempts ?? episodeJobOptions.attempts) || err.name === 'UnrecoverableError';
+    const final = job.attemptsMade >= (job.opts.attempts ?? 1) || err.name === 'UnrecoverableError';
     log.warn({ jobId: job.id, attemptsMade: job.attemptsMade, final, err: err.message }, 'episode attempt failed');
     if (!final) return;
     // The processor records every outcome it sees; this covers what it never saw (a job that stalled
     // too often, a crash outside the processor), so the episode still ends with a result.
-    const parsed = EpisodeJob.safeParse(job.data);
-    const base = invalidPayloadResult(job, err.message, workerId);
-    const result = parsed.success
-      ? { ...base, taskId: parsed.data.task.id, provenance: { taskDigest: parsed.data.taskDigest, image: parsed.data.task.image, agent: parsed.data.agent },
-          error: { kind: 'infra' as const, code: 'worker_lost', message: err.message } }
-      : base;
-    results.record(result).catch((e: unknown) => log.error({ jobId: job.id, err: String(e) }, 'recording a failed episode failed'));
+    const fleetError = err instanceof RetryableEpisodeError ? err.fleetError : undefined;
+    const error = fleetError
+      ? { kind: fleetError.outcome.kind, code: fleetError.code, message: fleetError.message }
+      : { kind: 'infra' as const, code: 'worker_lost', message: err.message };
+    results.record(resultWithoutRun(job, { status: 'error', error }, workerId))
+      .catch((e: unknown) => log.error({ jobId: job.id, err: String(e) }, 'recording a failed episode failed'));
   });
   log.info({ workerId, concurrency: opts.concurrency }, 'worker started');
 
   return {
     workerId,
+    running,
     async close() {
-      await Promise.all([episodes.close(), cleanup.close(), checkpoints.close()]);
+      // Stop fetching; give running episodes the drain timeout, then hand them back to the queue.
+      const closing = episodes.close();
+      const timer = setTimeout(() => {
+        const n = running.stopAll('drain');
+        if (n > 0) log.info({ episodes: n }, 'drain timeout: handing running episodes back to the queue');
+      }, drainTimeoutMs);
+      await closing;
+      clearTimeout(timer);
+      await Promise.all([cleanup.close(), checkpoints.close()]);
+      await lease.stop();
       await cleanupQueue.close();
+      await subscriber.quit().catch(() => subscriber.disconnect());
       await connection.quit().catch(() => connection.disconnect());
       log.info({ workerId }, 'worker stopped');
     },

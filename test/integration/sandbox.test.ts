@@ -8,7 +8,7 @@ import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
 import { docker, fleetContainers, silentLog } from '../helpers/fleet.ts';
 
-const owner = { episodeId: `sandbox-test-${process.pid}`, batchId: `sandbox-test-${process.pid}`, workerId: 'sandbox-test', attempt: 1 };
+const owner = { fleet: 'sandbox-test', episodeId: `sandbox-test-${process.pid}`, batchId: `sandbox-test-${process.pid}`, workerId: 'sandbox-test', attempt: 1 };
 const spec = { image: DEFAULT_IMAGE, workdir: '/workspace', limits: { memoryMb: 64, cpus: 0.5, pids: 64 }, owner };
 const deps = { docker, log: silentLog, callTimeoutMs: 30_000 };
 const run = (s: SandboxSession, command: string, timeoutMs = 10_000, capBytes = 64 * 1024) => s.exec(command, { timeoutMs, capBytes });

@@ -1,0 +1,82 @@
+// The reaper: removes sandboxes of this fleet whose worker's lease expired (the worker died) or whose
+// episode already has a result, salvaging the workspace of orphans first when the engine still has it.
+// Runs as a scheduled job on the cleanup queue, so any live worker reaps for the dead ones.
+import type { Readable } from 'node:stream';
+import type Docker from 'dockerode';
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import type { EvidenceStore } from '../evidence/evidence-store.ts';
+import { extractSafely, type ExtractLimits } from '../evidence/safe-extract.ts';
+import { dockerCall } from '../sandbox/docker-client.ts';
+import { LABEL } from '../sandbox/labels.ts';
+import { removeContainer } from '../sandbox/sandbox-session.ts';
+import { liveWorkers } from '../worker/lease.ts';
+import type { ResultsStore } from '../results/results-store.ts';
+
+export interface ReapDeps {
+  docker: Docker;
+  redis: Redis;
+  prefix: string;
+  results: ResultsStore;
+  evidence: EvidenceStore;
+  log: Logger;
+  callTimeoutMs: number;
+  salvageLimits: ExtractLimits;
+}
+
+export interface ReapReport {
+  inspected: number;
+  removed: { containerId: string; episodeId: string; reason: 'lease expired' | 'episode ended' }[];
+  salvaged: number;
+}
+
+/** Remove this fleet's orphaned sandboxes older than `minAgeMs`. */
+export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<ReapReport> {
+  const { docker, prefix, log } = deps;
+  const containers = await dockerCall('list sandboxes', { timeoutMs: deps.callTimeoutMs }, (abortSignal) =>
+    docker.listContainers({ all: true, filters: { label: [`${LABEL.fleet}=${prefix}`] }, abortSignal } as Docker.ContainerListOptions),
+  );
+  const report: ReapReport = { inspected: containers.length, removed: [], salvaged: 0 };
+  const live = await liveWorkers(deps.redis, prefix, [...new Set(containers.map((c) => c.Labels[LABEL.worker] ?? ''))]);
+  const now = Date.now();
+  for (const c of containers) {
+    if (now - c.Created * 1000 < minAgeMs) continue;
+    const episodeId = c.Labels[LABEL.episode] ?? '';
+    const batchId = c.Labels[LABEL.batch] ?? '';
+    const leaseExpired = !live.has(c.Labels[LABEL.worker] ?? '');
+    const ended = !leaseExpired && (await deps.results.has(batchId, episodeId));
+    if (!leaseExpired && !ended) continue;
+    if (leaseExpired) report.salvaged += (await salvage(deps, c.Id, episodeId)) ? 1 : 0;
+    try {
+      await removeContainer(docker, c.Id, deps.callTimeoutMs);
+      report.removed.push({ containerId: c.Id, episodeId, reason: leaseExpired ? 'lease expired' : 'episode ended' });
+      log.info({ containerId: c.Id, episodeId, reason: leaseExpired ? 'lease expired' : 'episode ended' }, 'sandbox reaped');
+    } catch (err) {
+      log.warn({ containerId: c.Id, err: String(err) }, 'reaping a sandbox failed; the next run tries again');
+    }
+  }
+  return report;
+}
+
+/** Copy the orphan's workspace into its evidence before it goes; false when nothing could be saved. */
+async function salvage(deps: ReapDeps, containerId: string, episodeId: string): Promise<boolean> {
+  const container = deps.docker.getContainer(containerId);
+  try {
+    const info = await dockerCall('inspect orphan', { timeoutMs: deps.callTimeoutMs }, (abortSignal) => container.inspect({ abortSignal }));
+    const workdir = info.Config.WorkingDir || '/';
+    const archive = (await dockerCall('get orphan workspace', { timeoutMs: deps.callTimeoutMs }, (abortSignal) =>
+      container.getArchive({ path: workdir, abortSignal }),
+    )) as unknown as Readable;
+    const dest = deps.evidence.salvageFolder(episodeId, containerId);
+    const extraction = extractSafely(archive, dest, { ...deps.salvageLimits, strip: 1 });
+    const timeout = new Promise<never>((_, reject) => setTimeout(() => {
+      archive.destroy();
+      reject(new Error('salvage passed its deadline'));
+    }, deps.callTimeoutMs).unref());
+    await Promise.race([extraction, timeout]);
+    return true;
+  } catch (err) {
+    deps.log.warn({ containerId, episodeId, err: String(err) }, 'salvaging an orphan failed');
+    return false;
+  }
+}

@@ -1,0 +1,68 @@
+// Cross-process control of running episodes through Redis: which phase an episode is in, cancel
+// requests (a flag plus a pub/sub message to whichever worker runs it), and the atomic hand-over to
+// the close phase, so a cancel that arrives while an episode is closing is refused, never half-done.
+import type { Redis } from 'ioredis';
+
+const TTL_SEC = 24 * 3600;
+
+/** Atomically: refuse when closing; otherwise flag the cancel and tell the running worker. */
+const REQUEST_CANCEL = `
+local phase = redis.call('GET', KEYS[1])
+if phase == 'closing' then return 'closing' end
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[3])
+if phase then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  return 'running'
+end
+return 'not-running'`;
+
+/** Atomically: a flagged cancel wins; otherwise the episode is closing from now on. */
+const BEGIN_CLOSE = `
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'cancelled' end
+redis.call('SET', KEYS[1], 'closing', 'EX', ARGV[1])
+return 'closing'`;
+
+/** Atomically: mark running, unless a cancel was flagged before the episode started. */
+const MARK_RUNNING = `
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'cancelled' end
+redis.call('SET', KEYS[1], 'running', 'EX', ARGV[1])
+return 'running'`;
+
+export type CancelAnswer = 'closing' | 'running' | 'not-running';
+
+export class EpisodeControl {
+  constructor(
+    private readonly redis: Redis,
+    private readonly prefix: string,
+  ) {}
+
+  get channel(): string {
+    return `${this.prefix}:episode-cancel`;
+  }
+
+  private keys(episodeId: string): [string, string] {
+    return [`${this.prefix}:episode:${episodeId}:phase`, `${this.prefix}:episode:${episodeId}:cancel`];
+  }
+
+  async markRunning(episodeId: string): Promise<'running' | 'cancelled'> {
+    return (await this.redis.eval(MARK_RUNNING, 2, ...this.keys(episodeId), TTL_SEC)) as 'running' | 'cancelled';
+  }
+
+  async beginClose(episodeId: string): Promise<'closing' | 'cancelled'> {
+    return (await this.redis.eval(BEGIN_CLOSE, 2, ...this.keys(episodeId), TTL_SEC)) as 'closing' | 'cancelled';
+  }
+
+  async requestCancel(episodeId: string): Promise<CancelAnswer> {
+    return (await this.redis.eval(REQUEST_CANCEL, 2, ...this.keys(episodeId), this.channel, episodeId, TTL_SEC)) as CancelAnswer;
+  }
+
+  /** The attempt is over (ended, retried or handed back): forget its phase and any cancel flag. */
+  async end(episodeId: string): Promise<void> {
+    await this.redis.del(...this.keys(episodeId));
+  }
+
+  /** The attempt is over but the episode goes on elsewhere: forget its phase, keep a cancel flag. */
+  async release(episodeId: string): Promise<void> {
+    await this.redis.del(this.keys(episodeId)[0]);
+  }
+}

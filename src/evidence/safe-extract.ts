@@ -1,0 +1,121 @@
+// Extracts a tar that came out of a sandbox (getArchive) into an evidence folder, treating it as
+// hostile: no absolute or `..` paths, no symlinks or hard links created or followed, files opened with
+// O_NOFOLLOW | O_EXCL, and caps on file count, per-file size and total size, so a sandbox can neither
+// write outside the folder nor fill the disk.
+import { constants } from 'node:fs';
+import { mkdir, open } from 'node:fs/promises';
+import path from 'node:path';
+import type { Readable } from 'node:stream';
+import tar from 'tar-stream';
+
+export interface ExtractLimits {
+  /** Total bytes written. */
+  maxBytes: number;
+  /** Bytes written per file; the rest of a bigger file is dropped and the file marked truncated. */
+  maxFileBytes: number;
+  maxFiles: number;
+  /** Drop this many leading path components (getArchive of /workspace names entries workspace/...). */
+  strip?: number;
+}
+
+export interface ExtractedFile {
+  path: string;
+  size: number;
+  keptBytes: number;
+}
+
+export interface ExtractReport {
+  files: ExtractedFile[];
+  /** Entries not written, with the reason (unsafe path, link, cap reached, special file). */
+  skipped: { path: string; reason: string }[];
+  bytesWritten: number;
+  /** Some content was dropped because of a cap. */
+  truncated: boolean;
+}
+
+const WRITE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW;
+
+/** The entry's path without its first `strip` components; undefined when unsafe or nothing is left. */
+export function safeRelativePath(name: string, strip = 0): string | undefined {
+  if (name.includes('\0') || name.startsWith('/')) return undefined;
+  const parts = name.split('/').filter((p) => p !== '' && p !== '.');
+  if (parts.some((p) => p === '..')) return undefined;
+  const kept = parts.slice(strip);
+  return kept.length === 0 ? undefined : kept.join('/');
+}
+
+export async function extractSafely(archive: Readable, dest: string, limits: ExtractLimits): Promise<ExtractReport> {
+  const root = path.resolve(dest);
+  await mkdir(root, { recursive: true });
+  const report: ExtractReport = { files: [], skipped: [], bytesWritten: 0, truncated: false };
+  const extract = tar.extract();
+  archive.on('error', (err) => extract.destroy(err));
+  archive.pipe(extract);
+
+  for await (const entry of extract) {
+    const { header } = entry;
+    let shown = header.name;
+    const skip = (reason: string) => {
+      report.skipped.push({ path: shown, reason });
+      entry.resume();
+    };
+    const full = safeRelativePath(header.name);
+    if (full === undefined) {
+      skip('unsafe path');
+      continue;
+    }
+    const rel = safeRelativePath(full, limits.strip ?? 0);
+    if (rel === undefined) {
+      entry.resume(); // a folder that strip removes (the archive's top folder)
+      continue;
+    }
+    shown = rel;
+    const target = path.join(root, rel);
+    if (header.type === 'directory') {
+      await mkdir(target, { recursive: true }).catch(() => undefined);
+      entry.resume();
+      continue;
+    }
+    if (header.type === 'symlink' || header.type === 'link') {
+      skip(`${header.type} to ${JSON.stringify(header.linkname ?? '')} not followed`);
+      continue;
+    }
+    if (header.type !== 'file' && header.type !== 'contiguous-file') {
+      skip(`${header.type ?? 'unknown'} entry`);
+      continue;
+    }
+    const room = Math.min(limits.maxFileBytes, limits.maxBytes - report.bytesWritten);
+    if (report.files.length >= limits.maxFiles || room <= 0) {
+      report.truncated = true;
+      skip('cap reached');
+      continue;
+    }
+    if (!(await mkdir(path.dirname(target), { recursive: true }).then(() => true, () => false))) {
+      skip('not written (its parent is not a folder)');
+      continue;
+    }
+    const fh = await open(target, WRITE_FLAGS, 0o644).catch((err: NodeJS.ErrnoException) => err);
+    if (!('write' in fh)) {
+      skip(`not written (${fh.code ?? fh.message})`);
+      continue;
+    }
+    let size = 0;
+    let kept = 0;
+    try {
+      for await (const chunk of entry as AsyncIterable<Buffer>) {
+        size += chunk.length;
+        const take = Math.min(chunk.length, room - kept);
+        if (take > 0) {
+          await fh.write(chunk.subarray(0, take));
+          kept += take;
+        }
+      }
+    } finally {
+      await fh.close();
+    }
+    if (kept < size) report.truncated = true;
+    report.bytesWritten += kept;
+    report.files.push({ path: rel, size, keptBytes: kept });
+  }
+  return report;
+}
