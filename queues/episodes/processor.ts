@@ -29,6 +29,13 @@ export class RetryableEpisodeError extends Error {
 }
 
 const failuresKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:failures`;
+const startsKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:starts`;
+const KEEP_SEC = 7 * 24 * 3600;
+
+/** Forget an episode's retry counts (it runs again from scratch, e.g. retried by kind). */
+export async function resetRetryCounts(redis: EpisodeDeps['redis'], prefix: string, episodeId: string): Promise<void> {
+  await redis.del(failuresKey(prefix, episodeId));
+}
 
 export function episodeProcessor(deps: EpisodeProcessorDeps) {
   return async (job: Job, token?: string, signal?: AbortSignal): Promise<EpisodeResult> => {
@@ -53,7 +60,10 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       if ((await deps.control.markRunning(episodeId)) === 'cancelled') {
         return await record(resultWithoutRun(job, { status: 'cancelled' }, deps.workerId));
       }
-      const outcome = await runEpisode({ job: parsed.data, attempt: Math.max(1, job.attemptsStarted), signal: episodeSignal }, deps);
+      // Numbered across retries, stalls, drains and requeues, so every attempt has its own evidence.
+      const attempt = await deps.redis.incr(startsKey(deps.prefix, episodeId));
+      await deps.redis.expire(startsKey(deps.prefix, episodeId), KEEP_SEC);
+      const outcome = await runEpisode({ job: parsed.data, attempt, signal: episodeSignal }, deps);
       if (outcome.handBack) {
         // Draining: back to the queue now, for another worker, without waiting for a stall timeout.
         await deps.control.release(episodeId);
@@ -63,7 +73,7 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       if (outcome.retry && outcome.error) {
         const { kind } = outcome.error.outcome;
         const failures = await deps.redis.hincrby(failuresKey(deps.prefix, episodeId), kind, 1);
-        await deps.redis.expire(failuresKey(deps.prefix, episodeId), 7 * 24 * 3600);
+        await deps.redis.expire(failuresKey(deps.prefix, episodeId), KEEP_SEC);
         if (failures <= (deps.retryBudgets[kind] ?? 0)) {
           await deps.control.release(episodeId);
           throw new RetryableEpisodeError(outcome.error);

@@ -3,6 +3,7 @@
 import { ConfigError } from '../config/config.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { enqueueCommand, resultsCommand, statusCommand, workerCommand } from './commands.ts';
+import { cancelCommand, retryCommand } from './control-commands.ts';
 import { UsageError, cliContext, type Cli } from './context.ts';
 import { demoCommand } from './demo.ts';
 
@@ -11,6 +12,8 @@ const USAGE = `usage: rollout-fleet <command>
   enqueue <batch.yaml> [--wait] [--json]   enqueue a batch; prints its id
   status <batch-id> [--json]               counts by status, mean reward, done or not
   results <batch-id> --format jsonl        one result per line
+  cancel <episode-id|batch-id>             cancel waiting and running episodes (exit 3: already closing)
+  retry <batch-id> --kind infra            re-enqueue only the episodes that failed with that kind
   demo                                     run the example batch on a private Redis, print the summary`;
 
 const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = {
@@ -19,6 +22,8 @@ const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = 
   status: statusCommand,
   results: resultsCommand,
   demo: demoCommand,
+  cancel: cancelCommand,
+  retry: retryCommand,
 };
 
 export async function main(argv: string[]): Promise<number> {

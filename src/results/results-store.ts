@@ -50,6 +50,12 @@ export class ResultsStore {
     return first === 1;
   }
 
+  /** One episode's result, if it has one. */
+  async get(batchId: string, episodeId: string): Promise<EpisodeResult | undefined> {
+    const raw = await this.redis.hget(this.resultsKey(batchId), episodeId);
+    return raw === null ? undefined : EpisodeResult.parse(JSON.parse(raw));
+  }
+
   /** Whether the episode has a result. */
   async has(batchId: string, episodeId: string): Promise<boolean> {
     return (await this.redis.hexists(this.resultsKey(batchId), episodeId)) === 1;
