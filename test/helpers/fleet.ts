@@ -136,3 +136,20 @@ export async function waitForResults(env: FleetEnv, batchId: string, total: numb
 export async function waitForNoContainers(batchId: string, timeoutMs = 30_000): Promise<void> {
   await waitFor(`no containers of ${batchId}`, async () => (await fleetContainers('batch', batchId)).length === 0, timeoutMs, 200);
 }
+
+/** Whether a running container has a file (the agent got that far). */
+export async function sandboxHasFile(containerId: string, file: string): Promise<boolean> {
+  return docker.getContainer(containerId).getArchive({ path: file }).then((s) => {
+    (s as unknown as NodeJS.ReadableStream).resume();
+    return true;
+  }, () => false);
+}
+
+/** Wait until `count` running sandboxes carrying the label have written `file`. */
+export async function waitForSandboxFile(label: keyof typeof LABEL, value: string, file: string, count = 1, timeoutMs = 60_000): Promise<void> {
+  await waitFor(`${count} sandbox(es) with ${label}=${value} to have ${file}`, async () => {
+    const running = (await fleetContainers(label, value)).filter((c) => c.State === 'running');
+    const has = await Promise.all(running.map((c) => sandboxHasFile(c.Id, file)));
+    return has.filter(Boolean).length >= count;
+  }, timeoutMs, 200);
+}

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
-import { docker, fleetContainers, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import { fleetContainers, waitForSandboxFile, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const slowTask = (id: string) => ({
@@ -37,12 +37,7 @@ describe('reaper', () => {
     const plan = await enqueueBatch(await loadBatch(file), { queue: env.episodes, redis: env.client, prefix: env.prefix, results: env.results });
 
     // Both episodes are running in the victim's sandboxes (the agent has written its notes).
-    await waitFor('two victim sandboxes with the agent at work', async () => {
-      const running = (await fleetContainers('worker', 'victim')).filter((c) => c.State === 'running');
-      const working = await Promise.all(running.map((c) =>
-        docker.getContainer(c.Id).getArchive({ path: '/workspace/notes.txt' }).then((s) => (s.resume(), true), () => false)));
-      return working.filter(Boolean).length === 2;
-    }, 60_000, 200);
+    await waitForSandboxFile('worker', 'victim', '/workspace/notes.txt', 2);
     victim.child.kill('SIGKILL');
 
     const started = Date.now();
