@@ -48,20 +48,5 @@ if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.j
 fi
 
 # The sandbox image, from busybox-static: no libc, starts in a fraction of a second.
-image=rollout-fleet/sandbox:busybox
-if ! "$docker_cli" image inspect "$image" >/dev/null 2>&1; then
-  log "building $image"
-  root=$(mktemp -d)
-  trap 'rm -rf "$root"' EXIT
-  mkdir -p "$root/bin" "$root/tmp" "$root/etc" "$root/workspace"
-  chmod 1777 "$root/tmp"
-  cp /bin/busybox "$root/bin/busybox"
-  for applet in $(/bin/busybox --list); do
-    [ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
-  done
-  printf 'root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/workspace:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n' >"$root/etc/passwd"
-  printf 'root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n' >"$root/etc/group"
-  tar --numeric-owner -C "$root" -c . | "$docker_cli" import \
-    --change 'ENV PATH=/bin' --change 'WORKDIR /workspace' - "$image" >/dev/null
-fi
-log "ready: $("$docker_cli" version --format 'docker engine {{.Server.Version}}'), $(redis-server --version | cut -d' ' -f3)"
+bash .ci/build-sandbox-image.sh
+log "ready: $("$docker_cli" version --format 'docker engine {{.Server.Version}}'), redis $(redis-server --version | grep -o 'v=[0-9.]*' | cut -c3-)"

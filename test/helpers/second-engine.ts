@@ -1,0 +1,57 @@
+// A second, private Docker engine (its own socket, data and exec roots, no bridge) for tests that stop
+// and restart dockerd: the shared engine other test files use is never touched.
+import { spawn, execFile, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { openSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { fileURLToPath } from 'node:url';
+import { createDocker, type Docker } from '../../src/sandbox/docker-client.ts';
+import { waitFor } from './fleet.ts';
+
+const BUILD_IMAGE = fileURLToPath(new URL('../../.ci/build-sandbox-image.sh', import.meta.url));
+
+export interface SecondEngine {
+  host: string;
+  docker: Docker;
+  start(): Promise<void>;
+  /** SIGTERM dockerd and wait for it to exit (its containers die with it). */
+  stop(): Promise<void>;
+  destroy(): Promise<void>;
+}
+
+export async function createSecondEngine(): Promise<SecondEngine> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-engine-'));
+  const socket = path.join(dir, 'docker.sock');
+  const host = `unix://${socket}`;
+  const docker = createDocker(host);
+  let proc: ChildProcess | undefined;
+
+  const engine: SecondEngine = {
+    host,
+    docker,
+    async start() {
+      const logFd = openSync(path.join(dir, 'dockerd.log'), 'a');
+      proc = spawn('dockerd', [
+        '--host', host, '--data-root', path.join(dir, 'data'), '--exec-root', path.join(dir, 'exec'),
+        '--pidfile', path.join(dir, 'docker.pid'), '--bridge=none', '--iptables=false', '--ip-forward=false',
+      ], { stdio: ['ignore', logFd, logFd] });
+      await waitFor('the second dockerd to answer', async () => docker.ping().then(() => true, () => false), 60_000, 200);
+    },
+    async stop() {
+      if (proc === undefined || proc.exitCode !== null || proc.signalCode !== null) return;
+      const exited = once(proc, 'exit');
+      proc.kill('SIGTERM');
+      await exited;
+    },
+    async destroy() {
+      await engine.stop();
+      await rm(dir, { recursive: true, force: true, maxRetries: 3 });
+    },
+  };
+  await engine.start();
+  await promisify(execFile)('bash', [BUILD_IMAGE], { env: { ...process.env, DOCKER_HOST: host } });
+  return engine;
+}

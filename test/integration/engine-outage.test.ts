@@ -1,0 +1,66 @@
+// Stopping dockerd mid-episode is an infrastructure failure: not graded, retried with backoff, and
+// the retry succeeds once dockerd is back. Runs on a private second engine.
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
+import { loadBatch } from '../../src/tasks/load-task.ts';
+import { LABEL } from '../../src/sandbox/labels.ts';
+import { startWorker, type WorkerHandle } from '../../src/worker/start-worker.ts';
+import { silentLog, startFleetEnv, waitFor, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import { createSecondEngine, type SecondEngine } from '../helpers/second-engine.ts';
+import { writeBatch } from '../helpers/scratch-tasks.ts';
+
+describe('Docker engine outage', () => {
+  let env: FleetEnv;
+  let engine: SecondEngine;
+  let worker: WorkerHandle | undefined;
+
+  beforeAll(async () => {
+    env = await startFleetEnv();
+    engine = await createSecondEngine();
+  });
+  afterAll(async () => {
+    await worker?.close();
+    await engine?.destroy();
+    await env?.close();
+  });
+
+  it('records the failed attempt as infra, not graded, and the retry passes once dockerd is back', async () => {
+    worker = await startWorker({
+      redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir, docker: engine.docker, log: silentLog,
+      workerId: 'outage-w', concurrency: 1, callTimeoutMs: 10_000, outputCapBytes: 64 * 1024,
+      retryBudgets: { infra: 5 }, reaperIntervalMs: 1_000,
+    });
+    const file = await writeBatch('tasks: [tasks]\nagent: { kind: command, command: "touch started; sleep 5; echo fixed > state.txt" }\n', {
+      outage: {
+        yaml: 'id: outage\ninstruction: x\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 5\ndeadlineSec: 120\nreserves: { setupSec: 20, closeSec: 15 }\n',
+        files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
+      },
+    });
+    const plan = await enqueueBatch(await loadBatch(file), { queue: env.episodes, redis: env.client, prefix: env.prefix, results: env.results });
+    const episodeId = plan.jobs[0]!.episodeId;
+    await waitFor('the agent to start', async () => {
+      const [c] = await engine.docker.listContainers({ filters: { label: [`${LABEL.episode}=${episodeId}`] } });
+      return c !== undefined && engine.docker.getContainer(c.Id).getArchive({ path: '/workspace/started' }).then((s) => {
+        (s as unknown as NodeJS.ReadableStream).resume();
+        return true;
+      }, () => false);
+    }, 60_000, 200);
+
+    await engine.stop();
+    // The attempt fails as infra (its evidence says so) while the engine is down.
+    const firstResult = path.join(env.dataDir, 'evidence', episodeId, 'attempt-1', 'result.json');
+    const first = await waitFor('attempt 1 to end', async () => readFile(firstResult, 'utf8').then((t) => JSON.parse(t) as { status: string; reward: unknown; error?: { kind: string } }, () => undefined), 60_000, 200);
+    expect(first).toMatchObject({ status: 'error', reward: null, error: { kind: 'infra' } });
+    expect(await env.results.get(plan.batchId, episodeId)).toBeUndefined();
+
+    await engine.start();
+    const [result] = await waitForResults(env, plan.batchId, 1, 120_000);
+    expect(result).toMatchObject({ status: 'passed', reward: 1 });
+    expect(result!.attempts).toBeGreaterThanOrEqual(2);
+    // The dead attempt's container is removed by the cleanup queue's retries once the engine is back.
+    await waitFor('no sandbox left on the engine', async () =>
+      (await engine.docker.listContainers({ all: true, filters: { label: [`${LABEL.fleet}=${env.prefix}`] } })).length === 0, 60_000, 500);
+  });
+});
