@@ -9,7 +9,10 @@ import { extractSafely } from '../../src/evidence/safe-extract.ts';
 
 async function archive(entries: { name: string; type?: 'file' | 'symlink' | 'link' | 'directory'; linkname?: string; body?: string | Buffer }[]): Promise<Readable> {
   const pack = tar.pack();
-  for (const e of entries) pack.entry({ name: e.name, type: e.type ?? 'file', linkname: e.linkname }, e.type && e.type !== 'file' ? undefined : e.body ?? '');
+  for (const e of entries) {
+    if (e.type === undefined || e.type === 'file') pack.entry({ name: e.name, type: 'file' }, e.body ?? '');
+    else pack.entry({ name: e.name, type: e.type, linkname: e.linkname });
+  }
   pack.finalize();
   const chunks: Buffer[] = [];
   for await (const c of pack) chunks.push(c as Buffer);
