@@ -30,6 +30,30 @@ export const FleetConfig = z.object({
     .string()
     .regex(/^[A-Za-z0-9_.-]+$/, 'letters, digits, ., - and _ only')
     .default(`${os.hostname()}-${process.pid}`),
+  /**
+   * The model endpoint the per-episode model proxy forwards to: an OpenAI-compatible base URL ending
+   * before `/chat/completions`, e.g. http://127.0.0.1:8000/v1. Unset: episodes run no model proxy.
+   */
+  MODEL_BASE_URL: z
+    .string()
+    .regex(/^https?:\/\/[^/]/, 'must be an http:// or https:// URL')
+    .refine((u) => URL.canParse(u), 'must be a valid URL')
+    .optional(),
+  /**
+   * API key the model proxy sends upstream as `Authorization: Bearer <key>`. It stays in the worker:
+   * never in a sandbox's environment, files, arguments, or the evidence. Unset: no Authorization header.
+   */
+  MODEL_API_KEY: z.string().min(1).optional(),
+  /** Model name the proxy puts in every request; unset, the agent's own `model` passes through. */
+  MODEL_NAME: z.string().min(1).optional(),
+  /** Model calls one episode may make through its proxy; the next one is refused with 429. @default 100 */
+  MODEL_MAX_CALLS: positiveInt.default(100),
+  /** Tokens (`usage.total_tokens`) one episode may use; a request whose max_tokens would pass it is refused. @default 1000000 */
+  MODEL_MAX_TOKENS: positiveInt.default(1_000_000),
+  /** Deadline of one upstream attempt of a model call. @default 300000 */
+  MODEL_REQUEST_TIMEOUT_MS: positiveInt.default(300_000),
+  /** Further attempts after an upstream connection error, timeout, 429 or 5xx, with backoff. @default 3 */
+  MODEL_RETRIES: z.coerce.number().int().min(0).max(10).default(3),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 export type FleetConfig = z.infer<typeof FleetConfig>;
