@@ -5,13 +5,16 @@ import { FleetError } from '../errors/fleet-error.ts';
 import { enqueueCommand, resultsCommand, statusCommand, workerCommand } from './commands.ts';
 import { UsageError, cliContext, type Cli } from './context.ts';
 import { demoCommand } from './demo.ts';
+import { modelStubCommand } from './model-stub-command.ts';
 
 const USAGE = `usage: rollout-fleet <command>
   worker [--concurrency N]                 run episodes (and cleanup, checkpoint writing) until SIGTERM
   enqueue <batch.yaml> [--wait] [--json]   enqueue a batch; prints its id
   status <batch-id> [--json]               counts by status, mean reward, done or not
   results <batch-id> --format jsonl        one result per line
-  demo                                     run the example batch on a private Redis, print the summary`;
+  demo                                     run the example batch on a private Redis, print the summary
+  model-stub (--port N | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K] [--fail-first N]
+                                           the scripted policy server that stands in for a model`;
 
 const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = {
   worker: workerCommand,
@@ -19,6 +22,7 @@ const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = 
   status: statusCommand,
   results: resultsCommand,
   demo: demoCommand,
+  'model-stub': modelStubCommand,
 };
 
 export async function main(argv: string[]): Promise<number> {
