@@ -13,7 +13,8 @@ const USAGE = `usage: rollout-fleet <command>
   status <batch-id> [--json]               counts by status, mean reward, done or not
   results <batch-id> --format jsonl        one result per line
   demo                                     run the example batch on a private Redis, print the summary
-  model-stub (--port N | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K] [--fail-first N]
+  model-stub (--port N | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K]
+                                           [--fail-first N] [--delay-ms N]
                                            the scripted policy server that stands in for a model`;
 
 const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = {

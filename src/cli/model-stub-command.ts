@@ -6,7 +6,7 @@ import { parseArgs } from 'node:util';
 import { startModelStub } from '../model/model-stub.ts';
 import { UsageError, type Cli } from './context.ts';
 
-const USAGE = 'usage: rollout-fleet model-stub (--port N | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K] [--fail-first N]';
+const USAGE = 'usage: rollout-fleet model-stub (--port N | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K] [--fail-first N] [--delay-ms N]';
 
 export async function modelStubCommand(cli: Cli, args: string[]): Promise<number> {
   const { values } = parseArgs({
@@ -18,6 +18,7 @@ export async function modelStubCommand(cli: Cli, args: string[]): Promise<number
       'wrong-fraction': { type: 'string' },
       'require-key': { type: 'string' },
       'fail-first': { type: 'string' },
+      'delay-ms': { type: 'string' },
     },
   });
   if ((values.port === undefined) === (values.socket === undefined)) throw new UsageError(`give exactly one of --port and --socket\n${USAGE}`);
@@ -34,6 +35,10 @@ export async function modelStubCommand(cli: Cli, args: string[]): Promise<number
   if (!Number.isInteger(failFirst) || failFirst < 0) {
     throw new UsageError(`--fail-first: expected an integer from 0 up, got ${JSON.stringify(values['fail-first'])}`);
   }
+  const delayMs = values['delay-ms'] === undefined ? 0 : Number(values['delay-ms']);
+  if (!Number.isInteger(delayMs) || delayMs < 0) {
+    throw new UsageError(`--delay-ms: expected an integer from 0 up, got ${JSON.stringify(values['delay-ms'])}`);
+  }
   if (values['require-key'] === '') throw new UsageError('--require-key: expected a non-empty key');
 
   const stub = await startModelStub({
@@ -42,6 +47,7 @@ export async function modelStubCommand(cli: Cli, args: string[]): Promise<number
     wrongFraction,
     requireKey: values['require-key'],
     failFirst,
+    delayMs,
     log: cli.log,
   });
   process.stdout.write(`${stub.baseUrl ?? `unix:${stub.socketPath}`}\n`);

@@ -73,6 +73,8 @@ export interface ModelProxyStats {
   refused: number;
   /** Calls that got 502 after every upstream attempt failed. */
   failed: number;
+  /** Requests being handled right now. */
+  inFlight: number;
 }
 
 export interface ModelProxy {
@@ -300,7 +302,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   log.info({ socketPath, upstream: base.origin, maxCalls: budget.limits.maxCalls, maxTokens: budget.limits.maxTokens }, 'model proxy started');
 
   let closed: Promise<void> | undefined;
-  const stats = (): ModelProxyStats => ({ calls: budget.calls, tokens: budget.tokens, refused, failed });
+  const stats = (): ModelProxyStats => ({ calls: budget.calls, tokens: budget.tokens, refused, failed, inFlight: inFlight.size });
   return {
     socketPath,
     stats,

@@ -7,6 +7,7 @@ import { once } from 'node:events';
 import { rm } from 'node:fs/promises';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { setTimeout as delay } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { describeIssues } from '../config/zod-issues.ts';
 import {
@@ -41,6 +42,8 @@ export interface ModelStubOptions {
   requireKey?: string | undefined;
   /** Answer 503 to the first N chat calls of each episode, to exercise a client's retries. @default 0 */
   failFirst?: number;
+  /** Answer each chat call after this long, as a real model takes its time. @default 0 */
+  delayMs?: number;
   log: Logger;
 }
 
@@ -70,6 +73,10 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
   }
   if ('port' in opts.listen && !LOOPBACK.has(opts.listen.host ?? '127.0.0.1')) {
     throw new TypeError(`Expected \`listen.host\` to be a loopback address, got ${JSON.stringify(opts.listen.host)}`);
+  }
+  const delayMs = opts.delayMs ?? 0;
+  if (!Number.isInteger(delayMs) || delayMs < 0) {
+    throw new TypeError(`Expected \`delayMs\` to be an integer from 0 up, got \`${String(delayMs)}\` (${typeof delayMs})`);
   }
   const failFirst = opts.failFirst ?? 0;
   if (!Number.isInteger(failFirst) || failFirst < 0) {
@@ -147,6 +154,13 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
       } catch (err) {
         if (err instanceof BodyTooLargeError) return sendJson(res, 413, errorBody('body_too_large', err.message), { connection: 'close' });
         throw err;
+      }
+      if (delayMs > 0) {
+        // The wait ends early when the client goes away, so a closing server leaves no timer behind.
+        const gone = new AbortController();
+        res.once('close', () => gone.abort());
+        const waited = await delay(delayMs, true, { signal: gone.signal }).catch(() => false);
+        if (!waited) return;
       }
       return chat(req, res, body);
     }
