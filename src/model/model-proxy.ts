@@ -211,7 +211,9 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
         if (err instanceof BodyTooLargeError) {
           return refuse(413, 'body_too_large', `request body is larger than ${maxBodyBytes} bytes`, { limitBytes: maxBodyBytes }, { connection: 'close' });
         }
-        throw err;
+        // The client went away while sending; nobody is left to answer, but the call is recorded.
+        record.error = { type: 'invalid_request', message: `request body not received: ${(err as Error).message}` };
+        return finish('aborted', 400, errorBody('invalid_request', record.error.message));
       }
       const json = parseJsonObject(body);
       record.request = json ?? { notJson: true, bytes: body.length };
