@@ -52,8 +52,8 @@ export const FleetConfig = z.object({
   MODEL_MAX_TOKENS: positiveInt.default(1_000_000),
   /** Deadline of one upstream attempt of a model call. @default 300000 */
   MODEL_REQUEST_TIMEOUT_MS: positiveInt.default(300_000),
-  /** Further attempts after an upstream connection error, timeout, 429 or 5xx, with backoff. @default 3 */
-  MODEL_RETRIES: z.coerce.number().int().min(0).max(10).default(3),
+  /** The proxy's further attempts of one call after a connection error, timeout, 429 or 5xx, with backoff (episode retries are separate). @default 3 */
+  MODEL_UPSTREAM_RETRIES: z.coerce.number().int().min(0).max(10).default(3),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 export type FleetConfig = z.infer<typeof FleetConfig>;
