@@ -6,6 +6,7 @@ import { enqueueCommand, resultsCommand, statusCommand, workerCommand } from './
 import { cancelCommand, retryCommand } from './control-commands.ts';
 import { UsageError, cliContext, type Cli } from './context.ts';
 import { demoCommand } from './demo.ts';
+import { modelStubCommand } from './model-stub-command.ts';
 
 const USAGE = `usage: rollout-fleet <command>
   worker [--concurrency N]                 run episodes (and cleanup, checkpoint writing) until SIGTERM
@@ -14,7 +15,10 @@ const USAGE = `usage: rollout-fleet <command>
   results <batch-id> --format jsonl        one result per line
   cancel <episode-id|batch-id>             cancel waiting and running episodes (exit 3: already closing)
   retry <batch-id> --kind infra            re-enqueue only the episodes that failed with that kind
-  demo                                     run the example batch on a private Redis, print the summary`;
+  demo                                     run the example batch on a private Redis, print the summary
+  model-stub (--port N | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K]
+                                           [--fail-first N] [--delay-ms N]
+                                           the scripted policy server that stands in for a model`;
 
 const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = {
   worker: workerCommand,
@@ -24,6 +28,7 @@ const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = 
   demo: demoCommand,
   cancel: cancelCommand,
   retry: retryCommand,
+  'model-stub': modelStubCommand,
 };
 
 export async function main(argv: string[]): Promise<number> {

@@ -43,6 +43,30 @@ export const FleetConfig = z.object({
   FLEET_INFRA_RETRIES: z.coerce.number().int().min(0).max(MAX_RETRIES_PER_KIND).default(DEFAULT_RETRY_BUDGETS.infra),
   /** Further attempts after model endpoint failures. @default 2 */
   FLEET_MODEL_RETRIES: z.coerce.number().int().min(0).max(MAX_RETRIES_PER_KIND).default(DEFAULT_RETRY_BUDGETS.model),
+  /**
+   * The model endpoint the per-episode model proxy forwards to: an OpenAI-compatible base URL ending
+   * before `/chat/completions`, e.g. http://127.0.0.1:8000/v1. Unset: episodes run no model proxy.
+   */
+  MODEL_BASE_URL: z
+    .string()
+    .regex(/^https?:\/\/[^/]/, 'must be an http:// or https:// URL')
+    .refine((u) => URL.canParse(u), 'must be a valid URL')
+    .optional(),
+  /**
+   * API key the model proxy sends upstream as `Authorization: Bearer <key>`. It stays in the worker:
+   * never in a sandbox's environment, files, arguments, or the evidence. Unset: no Authorization header.
+   */
+  MODEL_API_KEY: z.string().min(1).optional(),
+  /** Model name the proxy puts in every request; unset, the agent's own `model` passes through. */
+  MODEL_NAME: z.string().min(1).optional(),
+  /** Model calls one episode may make through its proxy; the next one is refused with 429. @default 100 */
+  MODEL_MAX_CALLS: positiveInt.default(100),
+  /** Tokens (`usage.total_tokens`) one episode may use; a request whose max_tokens would pass it is refused. @default 1000000 */
+  MODEL_MAX_TOKENS: positiveInt.default(1_000_000),
+  /** Deadline of one upstream attempt of a model call. @default 300000 */
+  MODEL_REQUEST_TIMEOUT_MS: positiveInt.default(300_000),
+  /** The proxy's further attempts of one call after a connection error, timeout, 429 or 5xx, with backoff (episode retries are separate). @default 3 */
+  MODEL_UPSTREAM_RETRIES: z.coerce.number().int().min(0).max(10).default(3),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 export type FleetConfig = z.infer<typeof FleetConfig>;

@@ -1,3 +1,3 @@
 #!/bin/sh
 set -e
-patch -p1 < /solution/app.conf.patch
+patch -p1 < "${SOLUTION_DIR:-/solution}/app.conf.patch"

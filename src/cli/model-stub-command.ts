@@ -1,0 +1,58 @@
+// `rollout-fleet model-stub`: run the scripted policy server, which stands in for a model in the demo
+// and the tests. Prints where it listens (its base URL, or unix:<path>) on stdout, runs until SIGTERM.
+import { once } from 'node:events';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { startModelStub } from '../model/model-stub.ts';
+import { UsageError, type Cli } from './context.ts';
+
+const USAGE = 'usage: rollout-fleet model-stub (--port N | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K] [--fail-first N] [--delay-ms N]';
+
+export async function modelStubCommand(cli: Cli, args: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args,
+    options: {
+      port: { type: 'string' },
+      socket: { type: 'string' },
+      tasks: { type: 'string' },
+      'wrong-fraction': { type: 'string' },
+      'require-key': { type: 'string' },
+      'fail-first': { type: 'string' },
+      'delay-ms': { type: 'string' },
+    },
+  });
+  if ((values.port === undefined) === (values.socket === undefined)) throw new UsageError(`give exactly one of --port and --socket\n${USAGE}`);
+  if (values.tasks === undefined) throw new UsageError(`--tasks is required\n${USAGE}`);
+  const port = values.port === undefined ? undefined : Number(values.port);
+  if (port !== undefined && !(Number.isInteger(port) && port >= 0 && port <= 65_535)) {
+    throw new UsageError(`--port: expected an integer from 0 to 65535, got ${JSON.stringify(values.port)}`);
+  }
+  const wrongFraction = values['wrong-fraction'] === undefined ? 0 : Number(values['wrong-fraction']);
+  if (!(wrongFraction >= 0 && wrongFraction <= 1)) {
+    throw new UsageError(`--wrong-fraction: expected a number from 0 to 1, got ${JSON.stringify(values['wrong-fraction'])}`);
+  }
+  const failFirst = values['fail-first'] === undefined ? 0 : Number(values['fail-first']);
+  if (!Number.isInteger(failFirst) || failFirst < 0) {
+    throw new UsageError(`--fail-first: expected an integer from 0 up, got ${JSON.stringify(values['fail-first'])}`);
+  }
+  const delayMs = values['delay-ms'] === undefined ? 0 : Number(values['delay-ms']);
+  if (!Number.isInteger(delayMs) || delayMs < 0) {
+    throw new UsageError(`--delay-ms: expected an integer from 0 up, got ${JSON.stringify(values['delay-ms'])}`);
+  }
+  if (values['require-key'] === '') throw new UsageError('--require-key: expected a non-empty key');
+
+  const stub = await startModelStub({
+    tasksDir: values.tasks,
+    listen: port !== undefined ? { port } : { socketPath: path.resolve(values.socket!) },
+    wrongFraction,
+    requireKey: values['require-key'],
+    failFirst,
+    delayMs,
+    log: cli.log,
+  });
+  process.stdout.write(`${stub.baseUrl ?? `unix:${stub.socketPath}`}\n`);
+  const signal = await Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
+  cli.log.info({ signal }, 'model stub stopping');
+  await stub.close();
+  return 0;
+}
