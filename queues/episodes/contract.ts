@@ -57,6 +57,8 @@ export const EpisodeResult = z.object({
   }),
   agent: Captured.optional(),
   verifier: Captured.optional(),
+  /** Model tokens the agent used (LLM agents only). */
+  usage: z.object({ promptTokens: z.number(), completionTokens: z.number(), totalTokens: z.number() }).optional(),
   /** The kernel killed the sandbox for exceeding its memory limit. */
   oomKilled: z.boolean().optional(),
   startedAt: z.string(),

@@ -1,13 +1,14 @@
 // The commands of the `rollout-fleet` CLI (but demo, in demo.ts). Each returns its exit code.
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
-import type { Redis } from 'ioredis';
 import { enqueueBatch } from '../producer/enqueue-batch.ts';
 import { ResultsStore } from '../results/results-store.ts';
-import { formatSummary, summarize, type BatchSummary } from '../results/summarize.ts';
+import { formatSummary } from '../results/batch-summary.ts';
+import { resultsCsv } from '../results/results-csv.ts';
+import { progressView, waitForBatch } from './progress.ts';
 import { loadBatch } from '../tasks/load-task.ts';
 import { startWorker } from '../worker/start-worker.ts';
-import { UsageError, connectProducer, episodesQueue, imageChecker, requireRedisUrl, type Cli } from './context.ts';
+import { UsageError, connectProducer, episodesQueue, flowProducer, imageChecker, requireRedisUrl, type Cli } from './context.ts';
 
 const positive = (name: string, value: string | undefined): number | undefined => {
   if (value === undefined) return undefined;
@@ -41,26 +42,6 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
   return 0;
 }
 
-async function batchSummary(redis: Redis, prefix: string, dataDir: string, batchId: string): Promise<BatchSummary> {
-  const store = new ResultsStore(redis, prefix, dataDir);
-  const manifest = await store.getManifest(batchId);
-  if (manifest === undefined) throw new UsageError(`no batch ${JSON.stringify(batchId)} in this Redis (prefix ${prefix})`);
-  return summarize(batchId, manifest.episodeIds.length, await store.results(batchId));
-}
-
-/** Poll the results until every episode of the batch has one, printing a line when progress changes. */
-export async function waitForBatch(redis: Redis, prefix: string, dataDir: string, batchId: string, pollMs = 500): Promise<BatchSummary> {
-  let last = '';
-  for (;;) {
-    const s = await batchSummary(redis, prefix, dataDir, batchId);
-    const line = `${s.done}/${s.total} done: ${s.byStatus.passed} passed, ${s.byStatus.failed} failed, ${s.byStatus.timeout} timeout, ${s.byStatus.error} error`;
-    if (line !== last) process.stderr.write(`progress ${batchId}: ${line}\n`);
-    last = line;
-    if (s.finished) return s;
-    await new Promise((r) => setTimeout(r, pollMs));
-  }
-}
-
 export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { wait: { type: 'boolean' }, json: { type: 'boolean' } } });
   const file = positionals[0];
@@ -68,18 +49,21 @@ export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> 
   const { config, docker } = cli;
   const loaded = await loadBatch(file);
   const redis = await connectProducer(requireRedisUrl(config));
+  const flows = flowProducer(redis, config.FLEET_PREFIX);
   const queue = episodesQueue(redis, config.FLEET_PREFIX);
   try {
     const results = new ResultsStore(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR);
-    const plan = await enqueueBatch(loaded, { queue, redis, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker) });
+    const plan = await enqueueBatch(loaded, { flows, redis, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker) });
+    if (!plan.added) process.stderr.write(`batch ${plan.batchId} was enqueued before; nothing added\n`);
     if (!values.wait) {
-      process.stdout.write(values.json ? `${JSON.stringify({ batchId: plan.batchId, episodes: plan.jobs.length })}\n` : `${plan.batchId}\n`);
+      process.stdout.write(values.json ? `${JSON.stringify({ batchId: plan.batchId, episodes: plan.jobs.length, added: plan.added })}\n` : `${plan.batchId}\n`);
       return 0;
     }
-    const summary = await waitForBatch(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR, plan.batchId);
+    const summary = await waitForBatch(results, queue, plan.batchId, progressView(process.stderr));
     process.stdout.write(values.json ? `${JSON.stringify(summary)}\n` : `${formatSummary(summary)}\n`);
     return 0;
   } finally {
+    await flows.close();
     await queue.close();
     await redis.quit();
   }
@@ -92,7 +76,8 @@ export async function statusCommand(cli: Cli, args: string[]): Promise<number> {
   const { config } = cli;
   const redis = await connectProducer(requireRedisUrl(config));
   try {
-    const s = await batchSummary(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR, batchId);
+    const s = await new ResultsStore(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR).summary(batchId);
+    if (s === undefined) throw new UsageError(`no batch ${JSON.stringify(batchId)} in this Redis (prefix ${config.FLEET_PREFIX})`);
     process.stdout.write(values.json ? `${JSON.stringify(s)}\n` : `${formatSummary(s)}\n`);
     return 0;
   } finally {
@@ -103,14 +88,15 @@ export async function statusCommand(cli: Cli, args: string[]): Promise<number> {
 export async function resultsCommand(cli: Cli, args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { format: { type: 'string', default: 'jsonl' } } });
   const batchId = positionals[0];
-  if (batchId === undefined) throw new UsageError('usage: rollout-fleet results <batch-id> --format jsonl');
-  if (values.format !== 'jsonl') throw new UsageError(`--format: expected jsonl, got ${JSON.stringify(values.format)}`);
+  if (batchId === undefined) throw new UsageError('usage: rollout-fleet results <batch-id> [--format jsonl|csv]');
+  if (values.format !== 'jsonl' && values.format !== 'csv') throw new UsageError(`--format: expected jsonl or csv, got ${JSON.stringify(values.format)}`);
   const { config } = cli;
   const redis = await connectProducer(requireRedisUrl(config));
   try {
     const store = new ResultsStore(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR);
     if ((await store.getManifest(batchId)) === undefined) throw new UsageError(`no batch ${JSON.stringify(batchId)} in this Redis`);
-    for (const r of await store.results(batchId)) process.stdout.write(`${JSON.stringify(r)}\n`);
+    const results = await store.results(batchId);
+    process.stdout.write(values.format === 'csv' ? resultsCsv(results) : results.map((r) => `${JSON.stringify(r)}\n`).join(''));
     return 0;
   } finally {
     await redis.quit();

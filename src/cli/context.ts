@@ -1,6 +1,6 @@
 // The only place that reads the environment and builds clients: config, the root logger, Redis
 // connections, the Docker client and queues, handed to the domain code as arguments.
-import { Queue } from 'bullmq';
+import { FlowProducer, Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { pino, type Logger } from 'pino';
 import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
@@ -47,6 +47,10 @@ export async function connectProducer(url: string): Promise<Redis> {
 
 export function episodesQueue(redis: Redis, prefix: string): Queue {
   return new Queue(EPISODES_QUEUE, { connection: redis, prefix });
+}
+
+export function flowProducer(redis: Redis, prefix: string): FlowProducer {
+  return new FlowProducer({ connection: redis, prefix });
 }
 
 /** Whether the engine has an image; undefined when the engine cannot be asked from here. */

@@ -12,10 +12,10 @@ import { CLEANUP_QUEUE } from '../../queues/cleanup/contract.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import { enqueueBatch } from '../producer/enqueue-batch.ts';
 import { ResultsStore } from '../results/results-store.ts';
-import { formatSummary } from '../results/summarize.ts';
+import { formatSummary } from '../results/batch-summary.ts';
 import { loadBatch } from '../tasks/load-task.ts';
-import { waitForBatch } from './commands.ts';
-import { UsageError, connectProducer, episodesQueue, imageChecker, type Cli } from './context.ts';
+import { progressView, waitForBatch } from './progress.ts';
+import { UsageError, connectProducer, episodesQueue, flowProducer, imageChecker, type Cli } from './context.ts';
 import { startPrivateRedis, type PrivateRedis } from './private-redis.ts';
 
 const BIN = fileURLToPath(new URL('./bin.js', import.meta.url));
@@ -58,14 +58,15 @@ export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
 
     const producer = await connectProducer(redisUrl);
     const queue = episodesQueue(producer, config.FLEET_PREFIX);
+    const flows = flowProducer(producer, config.FLEET_PREFIX);
     const cleanup = new Queue(CLEANUP_QUEUE, { connection: producer, prefix: config.FLEET_PREFIX });
     try {
       const results = new ResultsStore(producer, config.FLEET_PREFIX, config.FLEET_DATA_DIR);
       const plan = await enqueueBatch(await loadBatch(DEMO_BATCH), {
-        queue, redis: producer, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker),
+        flows, redis: producer, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker),
       });
       process.stderr.write(`demo: enqueued batch ${plan.batchId} (${plan.jobs.length} episodes)\n`);
-      const summary = await waitForBatch(producer, config.FLEET_PREFIX, config.FLEET_DATA_DIR, plan.batchId);
+      const summary = await waitForBatch(results, queue, plan.batchId, progressView(process.stderr));
       await poll('the cleanup queue to remove every sandbox', 120_000, async () => {
         const counts = await cleanup.getJobCounts('waiting', 'active', 'delayed', 'prioritized');
         const left = await docker.listContainers({ all: true, filters: { label: [`${LABEL.batch}=${plan.batchId}`] } });
@@ -79,6 +80,7 @@ export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
       return summary.byStatus.error === 0 ? 0 : 1;
     } finally {
       await cleanup.close();
+      await flows.close();
       await queue.close();
       await producer.quit();
     }

@@ -1,11 +1,13 @@
 // Turns a loaded batch into episode jobs and enqueues them all or nothing: every task is packed and
 // checked first, the batch id is derived from the batch's content (so enqueueing the same batch twice
-// names the same episodes, and BullMQ adds nothing the second time), then the jobs go in one addBulk.
+// names the same batch, which is then not added again), then the batch goes in as one flow: a parent
+// job in the `batches` queue with the episodes as its children.
 import { createHash } from 'node:crypto';
 import path from 'node:path';
-import type { Queue } from 'bullmq';
+import type { FlowProducer } from 'bullmq';
+import { BATCHES_QUEUE, batchJobOptions, type BatchJob } from '../../queues/batches/contract.ts';
 import type { Redis } from 'ioredis';
-import { EpisodeJob, episodeJobOptions } from '../../queues/episodes/contract.ts';
+import { EPISODES_QUEUE, EpisodeJob, episodeJobOptions } from '../../queues/episodes/contract.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import type { ResultsStore } from '../results/results-store.ts';
 import type { LoadedBatch } from '../tasks/load-task.ts';
@@ -20,7 +22,7 @@ export interface BatchPlan {
 }
 
 export interface EnqueueDeps {
-  queue: Queue;
+  flows: FlowProducer;
   redis: Redis;
   prefix: string;
   results: ResultsStore;
@@ -59,8 +61,13 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
   return { batchId, name, jobs, packed: packedTasks.map((p) => p.packed) };
 }
 
-/** Check images (when possible), store task archives and the manifest, then add every job at once. */
-export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps): Promise<BatchPlan> {
+export interface EnqueuedBatch extends BatchPlan {
+  /** false when this batch was enqueued before: nothing was added. */
+  added: boolean;
+}
+
+/** Check images (when possible), store task archives and the manifest, then add the batch's flow. */
+export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps): Promise<EnqueuedBatch> {
   const plan = await planBatch(loaded);
   if (deps.imageExists) {
     for (const task of loaded.tasks) {
@@ -73,14 +80,30 @@ export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps): Prom
     }
   }
   for (const packed of plan.packed) await putTaskArchive(deps.redis, deps.prefix, packed);
-  await deps.results.putManifest({
+  const first = await deps.results.putManifest({
     batchId: plan.batchId,
     name: plan.name,
     createdAt: new Date().toISOString(),
     episodeIds: plan.jobs.map((j) => j.episodeId),
   });
-  await deps.queue.addBulk(
-    plan.jobs.map((data) => ({ name: data.task.id, data, opts: { ...episodeJobOptions, jobId: data.episodeId } })),
-  );
-  return plan;
+  // The manifest goes first: a second enqueue of the same batch (or a retry of an interrupted one
+  // whose flow did land) finds the parent job and adds nothing.
+  if (!first && (await deps.flows.getFlow({ id: plan.batchId, queueName: BATCHES_QUEUE, prefix: deps.prefix, depth: 0 }).catch(() => undefined))?.job) {
+    return { ...plan, added: false };
+  }
+  const parent: BatchJob = { batchId: plan.batchId, name: plan.name, total: plan.jobs.length };
+  await deps.flows.add({
+    name: 'batch',
+    queueName: BATCHES_QUEUE,
+    data: parent,
+    opts: { ...batchJobOptions, jobId: plan.batchId },
+    children: plan.jobs.map((data) => ({
+      name: data.task.id,
+      queueName: EPISODES_QUEUE,
+      data,
+      // A child that fails outright (it stalled too often) must not hold the batch's summary back.
+      opts: { ...episodeJobOptions, jobId: data.episodeId, ignoreDependencyOnFailure: true },
+    })),
+  });
+  return { ...plan, added: true };
 }

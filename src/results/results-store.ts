@@ -6,6 +6,7 @@ import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { EpisodeResult } from '../../queues/episodes/contract.ts';
 import { writeFileAtomic } from './atomic-write.ts';
+import { summarize, type BatchSummary } from './batch-summary.ts';
 
 export const BatchManifest = z.object({
   batchId: z.string(),
@@ -31,9 +32,47 @@ export class ResultsStore {
     return `${this.prefix}:batch:${batchId}:results`;
   }
 
-  /** Record a batch once; the same batch enqueued again keeps its first manifest. */
-  async putManifest(manifest: BatchManifest): Promise<void> {
-    await this.redis.set(this.manifestKey(manifest.batchId), JSON.stringify(manifest), 'NX');
+  private summaryKey(batchId: string) {
+    return `${this.prefix}:batch:${batchId}:summary`;
+  }
+
+  /** Batch ids by creation time, newest last. */
+  private get batchesKey() {
+    return `${this.prefix}:batches`;
+  }
+
+  /** Record a batch once; false when it was recorded before (the same batch enqueued again). */
+  async putManifest(manifest: BatchManifest): Promise<boolean> {
+    const created = await this.redis.set(this.manifestKey(manifest.batchId), JSON.stringify(manifest), 'NX');
+    if (created === 'OK') await this.redis.zadd(this.batchesKey, Date.parse(manifest.createdAt), manifest.batchId);
+    return created === 'OK';
+  }
+
+  /** The newest batches first. */
+  async listBatches(limit = 100): Promise<string[]> {
+    return this.redis.zrevrange(this.batchesKey, 0, limit - 1);
+  }
+
+  /** The summary as of now, computed from the results. */
+  async summary(batchId: string): Promise<BatchSummary | undefined> {
+    const manifest = await this.getManifest(batchId);
+    if (manifest === undefined) return undefined;
+    return summarize(batchId, manifest.episodeIds.length, await this.results(batchId));
+  }
+
+  /** Compute the summary and store it (Redis and summary.json beside the results). */
+  async storeSummary(batchId: string): Promise<BatchSummary> {
+    const summary = await this.summary(batchId);
+    if (summary === undefined) throw new Error(`no batch ${batchId}`);
+    await this.redis.set(this.summaryKey(batchId), JSON.stringify(summary));
+    await writeFileAtomic(path.join(this.dataDir, 'results', batchId, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
+    return summary;
+  }
+
+  /** The summary stored when the batch ended (refreshed by late results, e.g. retries). */
+  async storedSummary(batchId: string): Promise<BatchSummary | undefined> {
+    const raw = await this.redis.get(this.summaryKey(batchId));
+    return raw === null ? undefined : (JSON.parse(raw) as BatchSummary);
   }
 
   async getManifest(batchId: string): Promise<BatchManifest | undefined> {
@@ -46,6 +85,8 @@ export class ResultsStore {
     const first = await this.redis.hsetnx(this.resultsKey(result.batchId), result.episodeId, JSON.stringify(result));
     if (first === 1) {
       await writeFileAtomic(this.resultFile(result.batchId, result.episodeId), `${JSON.stringify(result, null, 2)}\n`);
+      // A result after the batch's summary was stored (a retried episode) refreshes the summary.
+      if ((await this.redis.exists(this.summaryKey(result.batchId))) === 1) await this.storeSummary(result.batchId);
     }
     return first === 1;
   }

@@ -1,11 +1,13 @@
 // A worker process's queues: episodes (the main work), cleanup (sandbox removal and the scheduled
-// reaper) and checkpoints (the background writer); plus its lease and its ear for cancel requests.
+// reaper), checkpoints (the background writer) and batches (the summary when a batch ends); plus its lease and its ear for cancel requests.
 // Everything it needs is passed in; close() drains: no new jobs, running episodes get the drain
 // timeout, then are handed back to the queue; every connection it opened is released.
 import { Queue, Worker, type Job } from 'bullmq';
 import type Docker from 'dockerode';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import { BATCHES_QUEUE } from '../../queues/batches/contract.ts';
+import { batchProcessor } from '../../queues/batches/processor.ts';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import { checkpointProcessor } from '../../queues/checkpoints/processor.ts';
 import { CLEANUP_QUEUE, CleanupJob, REAPER_SCHEDULER_ID, REAP_JOB, REMOVE_SANDBOX_JOB, cleanupJobId, cleanupJobOptions } from '../../queues/cleanup/contract.ts';
@@ -115,9 +117,10 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     cleanupProcessor({ docker, redis: connection, prefix, results, evidence, log, callTimeoutMs: opts.callTimeoutMs, salvageLimits: snapshotLimits, reapMinAgeMs: 0 }),
     { ...workerOpts, concurrency: 4 },
   );
+  const batches = new Worker(BATCHES_QUEUE, batchProcessor(results), { ...workerOpts, concurrency: 2 });
   const checkpoints = new Worker(CHECKPOINTS_QUEUE, checkpointProcessor(new CheckpointStore(opts.dataDir)), { ...workerOpts, concurrency: 4 });
 
-  for (const w of [episodes, cleanup, checkpoints]) {
+  for (const w of [episodes, cleanup, checkpoints, batches]) {
     w.on('error', (err) => log.error({ queue: w.name, err: err.message }, 'worker error'));
   }
   episodes.on('failed', (job: Job | undefined, err: Error) => {
@@ -148,7 +151,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       }, drainTimeoutMs);
       await closing;
       clearTimeout(timer);
-      await Promise.all([cleanup.close(), checkpoints.close()]);
+      await Promise.all([cleanup.close(), checkpoints.close(), batches.close()]);
       await lease.stop();
       await cleanupQueue.close();
       await subscriber.quit().catch(() => subscriber.disconnect());

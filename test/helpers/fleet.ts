@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
-import { Queue } from 'bullmq';
+import { FlowProducer, Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { pino } from 'pino';
 import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
@@ -43,6 +43,7 @@ export interface FleetEnv {
   env: NodeJS.ProcessEnv;
   episodes: Queue;
   cleanup: Queue;
+  flows: FlowProducer;
   results: ResultsStore;
   close(): Promise<void>;
 }
@@ -56,6 +57,7 @@ export async function startFleetEnv(opts: { durable?: boolean } = {}): Promise<F
   const env = { ...process.env, REDIS_URL: redis.url, FLEET_PREFIX: prefix, FLEET_DATA_DIR: dataDir, LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'warn' };
   const episodes = new Queue(EPISODES_QUEUE, { connection: client, prefix });
   const cleanup = new Queue(CLEANUP_QUEUE, { connection: client, prefix });
+  const flows = new FlowProducer({ connection: client, prefix });
   return {
     redis,
     client,
@@ -64,10 +66,12 @@ export async function startFleetEnv(opts: { durable?: boolean } = {}): Promise<F
     env,
     episodes,
     cleanup,
+    flows,
     results: new ResultsStore(client, prefix, dataDir),
     async close() {
       await episodes.close();
       await cleanup.close();
+      await flows.close();
       await client.quit();
       await redis.stop();
     },

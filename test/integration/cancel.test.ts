@@ -30,7 +30,7 @@ describe('cancel', () => {
 
   async function enqueue(agentCommand: string, id: string) {
     const file = await writeBatch(`name: ${id}\ntasks: [tasks]\nagent: { kind: command, command: ${JSON.stringify(agentCommand)} }\n`, { [id]: task(id) });
-    const plan = await enqueueBatch(await loadBatch(file), { queue: env.episodes, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
     return { batchId: plan.batchId, episodeId: plan.jobs[0]!.episodeId };
   }
 

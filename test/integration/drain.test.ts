@@ -31,7 +31,7 @@ describe('drain on SIGTERM', () => {
         files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
       },
     });
-    const plan = await enqueueBatch(await loadBatch(file), { queue: env.episodes, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
     const episodeId = plan.jobs[0]!.episodeId;
     await waitForSandboxFile('worker', 'leaving', '/workspace/started');
 

@@ -38,7 +38,7 @@ describe('Docker engine outage', () => {
         files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
       },
     });
-    const plan = await enqueueBatch(await loadBatch(file), { queue: env.episodes, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
     const episodeId = plan.jobs[0]!.episodeId;
     await waitFor('the agent to start', async () => {
       const [c] = await engine.docker.listContainers({ filters: { label: [`${LABEL.episode}=${episodeId}`] } });

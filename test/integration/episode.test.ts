@@ -33,7 +33,7 @@ describe('episodes', () => {
 
   async function runBatch(agentCommand: string, tasks: Record<string, ReturnType<typeof task>>) {
     const file = await writeBatch(`tasks: [tasks]\nagent: { kind: command, command: ${JSON.stringify(agentCommand)} }\n`, tasks);
-    const plan = await enqueueBatch(await loadBatch(file), { queue: env.episodes, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
     const results = await waitForResults(env, plan.batchId, plan.jobs.length);
     await waitForNoContainers(plan.batchId);
     return results;

@@ -42,7 +42,7 @@ describe('evidence', () => {
       },
     });
     const rssBefore = process.memoryUsage().rss;
-    const plan = await enqueueBatch(await loadBatch(file), { queue: env.episodes, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
     const [result] = await waitForResults(env, plan.batchId, 1, 180_000);
     expect(result).toMatchObject({ status: 'passed', reward: 1 });
     const rssGrowthMb = (process.memoryUsage().rss - rssBefore) / 1024 / 1024;

@@ -5,7 +5,7 @@ import type { Readable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import {
-  EXAMPLES, docker, runCli, spawnWorker, startFleetEnv, waitForNoContainers, waitForResults,
+  EXAMPLES, docker, runCli, waitFor, spawnWorker, startFleetEnv, waitForNoContainers, waitForResults,
   type FleetEnv, type WorkerProcess,
 } from '../helpers/fleet.ts';
 
@@ -43,9 +43,9 @@ describe('episode pipeline', () => {
     const run = await runCli(['enqueue', path.join(EXAMPLES, 'demo-batch.yaml'), '--json'], env.env);
     expect(run.stderr).toBe('');
     expect(run.code).toBe(0);
-    const out = JSON.parse(run.stdout) as { batchId: string; episodes: number };
+    const out = JSON.parse(run.stdout) as { batchId: string; episodes: number; added: boolean };
     batchId = out.batchId;
-    expect(out.episodes).toBe(8);
+    expect(out).toMatchObject({ episodes: 8, added: true });
 
     const results = await waitForResults(env, batchId, 8);
     expect(results).toHaveLength(8);
@@ -70,11 +70,20 @@ describe('episode pipeline', () => {
     const job = await env.episodes.getJob(results[0]!.episodeId);
     expect(job?.returnvalue).toEqual(results[0]);
 
-    // status and results read the same data.
+    // The batch parent ran once its last episode ended, and stored the summary; status reads the same.
+    const expected = { total: 8, done: 8, finished: true, byStatus: { passed: 6, failed: 2 }, meanReward: 0.75, passAt: { 1: 0.75, 2: 0.75 } };
+    const stored = await waitFor('the batch summary', () => env.results.storedSummary(batchId), 30_000, 200);
+    expect(stored).toMatchObject(expected);
+    expect(stored.phases.totalMs.n).toBe(8);
+    expect((await env.flows.getFlow({ id: batchId, queueName: 'batches', prefix: env.prefix }))?.job.returnvalue).toEqual(stored);
     const status = await runCli(['status', batchId, '--json'], env.env);
-    expect(JSON.parse(status.stdout)).toMatchObject({ total: 8, done: 8, finished: true, byStatus: { passed: 6, failed: 2 }, meanReward: 0.75 });
+    expect(JSON.parse(status.stdout)).toMatchObject(expected);
     const lines = (await runCli(['results', batchId, '--format', 'jsonl'], env.env)).stdout.trim().split('\n');
     expect(lines.map((l) => (JSON.parse(l) as { episodeId: string }).episodeId)).toEqual(results.map((r) => r.episodeId));
+    const csv = (await runCli(['results', batchId, '--format', 'csv'], env.env)).stdout.trim().split('\n');
+    expect(csv[0]).toMatch(/^episode_id,batch_id,task_id,sample,status,error_kind,error_code,reward,/);
+    expect(csv.slice(1).map((row) => row.split(',').slice(0, 8).join(','))).toEqual(
+      results.map((r) => [r.episodeId, batchId, r.taskId, r.sample, r.status, '', '', r.reward].join(',')));
   });
 
   it('adds nothing when the same batch is enqueued again', async () => {
@@ -82,6 +91,7 @@ describe('episode pipeline', () => {
     const run = await runCli(['enqueue', path.join(EXAMPLES, 'demo-batch.yaml')], env.env);
     expect(run.code).toBe(0);
     expect(run.stdout.trim()).toBe(batchId);
+    expect(run.stderr).toBe(`batch ${batchId} was enqueued before; nothing added\n`);
     expect(await env.episodes.getJobCounts()).toEqual(before);
     expect(await env.episodes.count()).toBe(0);
     expect((await env.results.results(batchId)).length).toBe(8);

@@ -34,7 +34,7 @@ describe('reaper', () => {
       a: slowTask('a'),
       b: slowTask('b'),
     });
-    const plan = await enqueueBatch(await loadBatch(file), { queue: env.episodes, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
 
     // Both episodes are running in the victim's sandboxes (the agent has written its notes).
     await waitForSandboxFile('worker', 'victim', '/workspace/notes.txt', 2);

@@ -25,7 +25,7 @@ describe('retry by kind', () => {
 
   it('requeues the infra failures and keeps the rest', async () => {
     const file = await writeBatch('tasks: [tasks]\nagent: { kind: command, command: "echo fixed > state.txt" }\n', { good: task('good'), lost: task('lost') });
-    const plan = await enqueueBatch(await loadBatch(file), { queue: env.episodes, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
     const lost = plan.jobs.find((j) => j.task.id === 'lost')!;
     // `lost` loses its task archive: invalid input. `good` meets an engine that answers nothing in
     // time (a 1 ms deadline on every Docker call) with no infra retries left: kind infra.

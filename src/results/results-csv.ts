@@ -1,0 +1,37 @@
+// Results as CSV, one row per episode, for spreadsheets and pandas.
+import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+
+const COLUMNS: [string, (r: EpisodeResult) => unknown][] = [
+  ['episode_id', (r) => r.episodeId],
+  ['batch_id', (r) => r.batchId],
+  ['task_id', (r) => r.taskId],
+  ['sample', (r) => r.sample],
+  ['status', (r) => r.status],
+  ['error_kind', (r) => r.error?.kind],
+  ['error_code', (r) => r.error?.code],
+  ['reward', (r) => r.reward],
+  ['attempts', (r) => r.attempts],
+  ['worker_id', (r) => r.workerId],
+  ['setup_ms', (r) => r.timings.setupMs],
+  ['agent_ms', (r) => r.timings.agentMs],
+  ['verify_ms', (r) => r.timings.verifyMs],
+  ['close_ms', (r) => r.timings.closeMs],
+  ['total_ms', (r) => r.timings.totalMs],
+  ['total_tokens', (r) => r.usage?.totalTokens],
+  ['task_digest', (r) => r.provenance.taskDigest],
+  ['image_id', (r) => r.provenance.imageId],
+  ['agent', (r) => r.provenance.agent.kind],
+  ['error_message', (r) => r.error?.message],
+];
+
+function cell(value: unknown): string {
+  if (value === undefined || value === null) return '';
+  const text = String(value);
+  return /[",\n\r]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
+}
+
+export function resultsCsv(results: readonly EpisodeResult[]): string {
+  const rows = [COLUMNS.map(([name]) => name).join(',')];
+  for (const r of results) rows.push(COLUMNS.map(([, get]) => cell(get(r))).join(','));
+  return `${rows.join('\n')}\n`;
+}
