@@ -6,6 +6,9 @@ import type { AgentSpec } from '../tasks/agent-spec.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
 import type { TaskSpec } from '../tasks/task-spec.ts';
 import { CommandAgent } from './command-agent.ts';
+import { LlmAgent } from './llm-agent.ts';
+import type { AgentEvent } from './reference/agent-events.ts';
+import type { AgentInput } from './reference/agent-input.ts';
 import { OracleAgent } from './oracle-agent.ts';
 
 export interface AgentContext {
@@ -17,6 +20,14 @@ export interface AgentContext {
   /** Cap of each captured output stream. */
   outputCapBytes: number;
   signal: AbortSignal;
+  /** Where the runtime generation is mounted (agents that run node in the sandbox). */
+  runtimeMountPath?: string;
+  /** The episode's model proxy socket, the same path inside the sandbox and out. */
+  modelSocket?: string;
+  /** The conversation to resume from (the latest durable checkpoint). */
+  resume?: AgentInput['resume'];
+  /** Every event the agent reports (model calls, tool calls, checkpoints, its ending). */
+  onEvent?: (event: AgentEvent) => void;
 }
 
 export interface AgentRun {
@@ -29,6 +40,10 @@ export interface AgentRun {
   stdout: CapturedOutput;
   stderr: CapturedOutput;
   durationMs: number;
+  /** Model tokens used (LLM agents). */
+  usage?: { promptTokens: number; completionTokens: number; totalTokens: number };
+  /** How an LLM agent ended: finished, stopped, max_turns, context or budget. */
+  finalReason?: string;
 }
 
 export interface Agent {
@@ -41,6 +56,8 @@ export function createAgent(spec: AgentSpec): Agent {
       return new OracleAgent();
     case 'command':
       return new CommandAgent(spec.command);
+    case 'llm':
+      return new LlmAgent(spec);
     default: {
       const unreachable: never = spec;
       throw new TypeError(`unknown agent ${JSON.stringify(unreachable)}`);

@@ -2,7 +2,7 @@
 // verification and evidence, then closed once. Hardened by default: no network, no capabilities,
 // no privilege escalation, memory/CPU/pids limits, a non-root user; every call has a deadline.
 import { randomBytes } from 'node:crypto';
-import type { Readable } from 'node:stream';
+import { Writable, type Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
@@ -39,6 +39,8 @@ export interface ExecOptions {
   workdir?: string;
   env?: Record<string, string>;
   signal?: AbortSignal;
+  /** Sees every stdout chunk as it arrives, before capping (an agent's event stream). */
+  onStdout?: (chunk: Buffer) => void;
 }
 
 export interface ExecResult {
@@ -183,7 +185,14 @@ export class SandboxSession {
     )) as NodeJS.ReadWriteStream & Readable;
     const stdout = new OutputCapture(opts.capBytes);
     const stderr = new OutputCapture(opts.capBytes);
-    this.deps.docker.modem.demuxStream(stream, stdout.writable, stderr.writable);
+    const onStdout = opts.onStdout;
+    const stdoutSink = onStdout === undefined ? stdout.writable : new Writable({
+      write(chunk: Buffer, _enc, cb) {
+        onStdout(chunk);
+        stdout.writable.write(chunk, cb);
+      },
+    });
+    this.deps.docker.modem.demuxStream(stream, stdoutSink, stderr.writable);
 
     const ended = new Promise<void>((resolve) => {
       stream.once('end', resolve);
