@@ -4,6 +4,7 @@ import { ConfigError } from '../config/config.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { enqueueCommand, resultsCommand, statusCommand, workerCommand } from './commands.ts';
 import { UsageError, cliContext, type Cli } from './context.ts';
+import { dashboardCommand } from './dashboard-command.ts';
 import { demoCommand } from './demo.ts';
 
 const USAGE = `usage: rollout-fleet <command>
@@ -11,7 +12,8 @@ const USAGE = `usage: rollout-fleet <command>
   enqueue <batch.yaml> [--wait] [--json]   enqueue a batch; prints its id
   status <batch-id> [--json]               counts by status, mean reward, done or not
   results <batch-id> --format jsonl        one result per line
-  demo                                     run the example batch on a private Redis, print the summary`;
+  demo                                     run the example batch on a private Redis, print the summary
+  dashboard [--port N] [--local-only]      Bull Board, batch pages and /metrics (HTTP Basic auth)`;
 
 const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = {
   worker: workerCommand,
@@ -19,6 +21,7 @@ const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = 
   status: statusCommand,
   results: resultsCommand,
   demo: demoCommand,
+  dashboard: dashboardCommand,
 };
 
 export async function main(argv: string[]): Promise<number> {

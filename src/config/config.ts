@@ -31,6 +31,16 @@ export const FleetConfig = z.object({
     .regex(/^[A-Za-z0-9_.-]+$/, 'letters, digits, ., - and _ only')
     .default(`${os.hostname()}-${process.pid}`),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  /** Dashboard user for HTTP Basic auth; without it (and the password) only `--local-only` starts. */
+  FLEET_DASHBOARD_USER: z.string().min(1).optional(),
+  /** Dashboard password for HTTP Basic auth; set together with FLEET_DASHBOARD_USER. */
+  FLEET_DASHBOARD_PASSWORD: z.string().min(1).optional(),
+  /** Address the dashboard listens on (`--local-only` forces 127.0.0.1). @default 127.0.0.1 */
+  FLEET_DASHBOARD_HOST: z.string().min(1).default('127.0.0.1'),
+  /** Port of the dashboard; 0 picks a free one (`--port` overrides). @default 3000 */
+  FLEET_DASHBOARD_PORT: z.coerce.number().int().min(0).max(65_535).default(3000),
+  /** Allow write actions in Bull Board (retry, clean, pause, add); read-only otherwise. @default false */
+  FLEET_DASHBOARD_WRITE: z.stringbool().default(false),
 });
 export type FleetConfig = z.infer<typeof FleetConfig>;
 

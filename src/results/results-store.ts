@@ -31,9 +31,24 @@ export class ResultsStore {
     return `${this.prefix}:batch:${batchId}:results`;
   }
 
-  /** Record a batch once; the same batch enqueued again keeps its first manifest. */
+  /** Every batch id, scored by its creation time, so the dashboard can list batches without a SCAN. */
+  private batchesKey() {
+    return `${this.prefix}:batches`;
+  }
+
+  /** Record a batch once; the same batch enqueued again keeps its first manifest (and listing time). */
   async putManifest(manifest: BatchManifest): Promise<void> {
-    await this.redis.set(this.manifestKey(manifest.batchId), JSON.stringify(manifest), 'NX');
+    const createdMs = Date.parse(manifest.createdAt);
+    await this.redis
+      .multi()
+      .set(this.manifestKey(manifest.batchId), JSON.stringify(manifest), 'NX')
+      .zadd(this.batchesKey(), 'NX', Number.isNaN(createdMs) ? Date.now() : createdMs, manifest.batchId)
+      .exec();
+  }
+
+  /** Batch ids, newest first (batches enqueued before this listing existed are not in it). */
+  async listBatches(limit = 100): Promise<string[]> {
+    return this.redis.zrevrange(this.batchesKey(), 0, Math.max(0, limit - 1));
   }
 
   async getManifest(batchId: string): Promise<BatchManifest | undefined> {
@@ -48,6 +63,11 @@ export class ResultsStore {
       await writeFileAtomic(this.resultFile(result.batchId, result.episodeId), `${JSON.stringify(result, null, 2)}\n`);
     }
     return first === 1;
+  }
+
+  /** How many episodes of the batch have a result, without reading them. */
+  async resultCount(batchId: string): Promise<number> {
+    return this.redis.hlen(this.resultsKey(batchId));
   }
 
   /** The results recorded so far, in the manifest's order. */
