@@ -1,7 +1,8 @@
 // Throughput of the fleet with 3 worker processes against 1, in the same run, on a private Redis and
 // the local Docker engine: one batch of 30 episodes each, every worker process at the same concurrency.
 // Prints episodes/s of each and their ratio. Run: npx tsx bench/throughput.ts [--episodes 30]
-// [--concurrency 2] [--agent-sec 1]
+// [--concurrency 2] [--agent-sec 1] [--rounds 1]. With several rounds (1 then 3 workers each round, so
+// both see the same background load) the ratio is the median of the rounds' ratios.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -23,11 +24,21 @@ import { loadBatch } from '../src/tasks/load-task.ts';
 const BIN = fileURLToPath(new URL('../src/cli/bin.js', import.meta.url));
 
 const { values } = parseArgs({
-  options: { episodes: { type: 'string', default: '30' }, concurrency: { type: 'string', default: '2' }, 'agent-sec': { type: 'string', default: '1' } },
+  options: {
+    episodes: { type: 'string', default: '30' },
+    concurrency: { type: 'string', default: '2' },
+    'agent-sec': { type: 'string', default: '1' },
+    rounds: { type: 'string', default: '1' },
+  },
 });
 const episodes = Number(values.episodes);
 const concurrency = Number(values.concurrency);
 const agentSec = Number(values['agent-sec']);
+const rounds = Number(values.rounds);
+for (const [name, n] of [['episodes', episodes], ['concurrency', concurrency], ['rounds', rounds]] as const) {
+  if (!Number.isInteger(n) || n < 1) throw new TypeError(`--${name}: expected an integer from 1 up, got ${n}`);
+}
+if (!(agentSec >= 0)) throw new TypeError(`--agent-sec: expected a number from 0 up, got ${agentSec}`);
 
 async function poll(what: string, timeoutMs: number, check: () => Promise<boolean>): Promise<void> {
   const until = Date.now() + timeoutMs;
@@ -71,7 +82,7 @@ async function main(): Promise<void> {
     }));
   };
 
-  async function run(workers: number): Promise<{ workers: number; seconds: number; perSec: number }> {
+  async function run(workers: number, round: number): Promise<{ workers: number; seconds: number; perSec: number }> {
     const env = { ...process.env, REDIS_URL: redis.url, FLEET_PREFIX: prefix, FLEET_DATA_DIR: path.join(dir, 'data'), LOG_LEVEL: 'warn' };
     for (let i = 0; i < workers; i++) {
       children.push(spawn(process.execPath, [BIN, 'worker', '--concurrency', String(concurrency)], {
@@ -80,7 +91,7 @@ async function main(): Promise<void> {
     }
     // Timing starts once every worker process is connected, so start-up is not measured.
     await poll(`${workers} workers to connect`, 60_000, async () => (await queue.getWorkers()).length >= workers);
-    const file = await writeBenchBatch(dir, `bench-${workers}w`);
+    const file = await writeBenchBatch(dir, `bench-${workers}w-r${round}`);
     const started = performance.now();
     const plan = await enqueueBatch(await loadBatch(file), { queue, redis: client, prefix, results });
     await poll(`${episodes} results`, 600_000, async () => (await results.resultCount(plan.batchId)) >= episodes);
@@ -99,12 +110,19 @@ async function main(): Promise<void> {
   }
 
   try {
-    process.stderr.write(`bench: ${episodes} episodes per run, concurrency ${concurrency} per worker process, agent ${agentSec} s, ${os.cpus().length} cores\n`);
-    const one = await run(1);
-    process.stdout.write(`1 worker process:   ${one.seconds.toFixed(1)} s, ${one.perSec.toFixed(2)} episodes/s\n`);
-    const three = await run(3);
-    process.stdout.write(`3 worker processes: ${three.seconds.toFixed(1)} s, ${three.perSec.toFixed(2)} episodes/s\n`);
-    process.stdout.write(`ratio 3 vs 1: ${(three.perSec / one.perSec).toFixed(2)}x\n`);
+    process.stderr.write(`bench: ${episodes} episodes per run, concurrency ${concurrency} per worker process, agent ${agentSec} s, ${os.cpus().length} cores, load ${os.loadavg()[0]!.toFixed(1)}\n`);
+    const ratios: number[] = [];
+    for (let round = 1; round <= rounds; round++) {
+      const one = await run(1, round);
+      process.stdout.write(`round ${round}: 1 worker process:   ${one.seconds.toFixed(1)} s, ${one.perSec.toFixed(2)} episodes/s\n`);
+      const three = await run(3, round);
+      process.stdout.write(`round ${round}: 3 worker processes: ${three.seconds.toFixed(1)} s, ${three.perSec.toFixed(2)} episodes/s\n`);
+      ratios.push(three.perSec / one.perSec);
+      process.stdout.write(`round ${round}: ratio 3 vs 1: ${ratios.at(-1)!.toFixed(2)}x (load ${os.loadavg()[0]!.toFixed(1)})\n`);
+    }
+    const sorted = [...ratios].sort((a, b) => a - b);
+    const median = sorted.length % 2 === 1 ? sorted[(sorted.length - 1) / 2]! : (sorted[sorted.length / 2 - 1]! + sorted[sorted.length / 2]!) / 2;
+    process.stdout.write(`ratio 3 vs 1: ${median.toFixed(2)}x${rounds > 1 ? ` (median of ${rounds} rounds)` : ''}\n`);
   } finally {
     await stopAll();
     await queue.close();

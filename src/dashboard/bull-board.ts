@@ -15,16 +15,20 @@ export interface BullBoardOptions {
   /** Allow retries, cleaning, pausing, adding and editing jobs. */
   writeEnabled: boolean;
   descriptions?: Record<string, string>;
+  /** Per queue: a link shown on each job's page, made from the job's data. */
+  jobLinks?: Record<string, (data: unknown) => { displayText: string; href: string }>;
 }
 
 export function bullBoardRouter(opts: BullBoardOptions): Router {
   const serverAdapter = new ExpressAdapter();
   serverAdapter.setBasePath(opts.basePath);
   const adapters = opts.queues.map((queue) => {
+    const jobLink = opts.jobLinks?.[queue.name];
     const adapter = new BullMQAdapter(queue, {
       readOnlyMode: !opts.writeEnabled,
       allowRetries: opts.writeEnabled,
       description: opts.descriptions?.[queue.name] ?? '',
+      ...(jobLink && { externalJobUrl: (job: { data: unknown }) => jobLink(job.data) }),
     });
     adapter.setFormatter('data', redactSecrets);
     adapter.setFormatter('returnValue', redactSecrets);

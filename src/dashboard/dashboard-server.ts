@@ -14,6 +14,7 @@ import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { basicAuth, type Credentials } from './basic-auth.ts';
 import { batchPages } from './batch-pages.ts';
+import { episodeHref } from './batch-view.ts';
 import { bullBoardRouter } from './bull-board.ts';
 import { createFleetMetrics } from './fleet-metrics.ts';
 
@@ -50,7 +51,9 @@ const QUEUE_DESCRIPTIONS: Record<string, string> = {
 const sameOriginWrites: RequestHandler = (req, res, next) => {
   if (req.method === 'GET' || req.method === 'HEAD' || req.method === 'OPTIONS') return next();
   const origin = req.headers.origin;
-  if (origin === undefined || origin === `${req.protocol}://${req.headers.host ?? ''}`) return next();
+  // Hosts only: behind a TLS proxy the browser's scheme is not the one this server sees.
+  const originHost = origin === undefined ? undefined : URL.canParse(origin) ? new URL(origin).host : '';
+  if (originHost === undefined || originHost === req.headers.host) return next();
   res.status(403).type('text/plain').send('cross-origin request refused\n');
 };
 
@@ -83,7 +86,21 @@ export function createDashboardApp(opts: DashboardOptions): DashboardApp {
     const body = await metrics.render();
     res.type(metrics.contentType).send(body);
   });
-  app.use(BULL_BOARD_PATH, bullBoardRouter({ queues, basePath: BULL_BOARD_PATH, writeEnabled: opts.writeEnabled, descriptions: QUEUE_DESCRIPTIONS }));
+  app.use(BULL_BOARD_PATH, bullBoardRouter({
+    queues,
+    basePath: BULL_BOARD_PATH,
+    writeEnabled: opts.writeEnabled,
+    descriptions: QUEUE_DESCRIPTIONS,
+    // From an episode's job back to its page: result, evidence, batch.
+    jobLinks: {
+      [EPISODES_QUEUE]: (data) => {
+        const { batchId, episodeId } = (data ?? {}) as { batchId?: unknown; episodeId?: unknown };
+        return typeof batchId === 'string' && typeof episodeId === 'string'
+          ? { displayText: 'Episode page', href: episodeHref(batchId, episodeId) }
+          : { displayText: 'Batches', href: '/batches' };
+      },
+    },
+  }));
   // The batch pages have no script: forbid any, and any load from elsewhere.
   app.use((req, res, next) => {
     if (!req.path.startsWith(BULL_BOARD_PATH)) res.set('Content-Security-Policy', "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'");

@@ -103,7 +103,7 @@ describe('dashboard', () => {
     );
     profileDir = await mkdtemp(path.join(os.tmpdir(), 'rf-chromium-'));
     context = await chromium.launchPersistentContext(profileDir, { executablePath: '/usr/bin/chromium', args: CHROMIUM_ARGS, headless: true });
-  });
+  }, 180_000);
 
   afterAll(async () => {
     await context?.close();
@@ -163,6 +163,8 @@ describe('dashboard', () => {
     await page.goto(`${url}/queues/queue/episodes/${episodeId}`);
     await page.getByText(episodeId).first().waitFor();
     await page.screenshot({ path: '/tmp/rollout-fleet-bull-board-job.png', fullPage: true });
+    // The job links back to the episode's page.
+    expect(await page.getByRole('link', { name: 'Episode page' }).getAttribute('href')).toBe(`/batches/${batchId}/episodes/${episodeId}`);
     await page.close();
 
     // Read-only: Bull Board itself refuses writes (405), and cross-site writes are refused before it.
