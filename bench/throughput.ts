@@ -16,6 +16,7 @@ import { CLEANUP_QUEUE } from '../queues/cleanup/contract.ts';
 import { EPISODES_QUEUE } from '../queues/episodes/contract.ts';
 import { startPrivateRedis } from '../src/cli/private-redis.ts';
 import { enqueueBatch } from '../src/producer/enqueue-batch.ts';
+import { phaseTimings } from '../src/dashboard/batch-stats.ts';
 import { ResultsStore } from '../src/results/results-store.ts';
 import { createDocker } from '../src/sandbox/docker-client.ts';
 import { LABEL } from '../src/sandbox/labels.ts';
@@ -82,7 +83,7 @@ async function main(): Promise<void> {
     }));
   };
 
-  async function run(workers: number, round: number): Promise<{ workers: number; seconds: number; perSec: number }> {
+  async function run(workers: number, round: number): Promise<{ workers: number; seconds: number; perSec: number; phases: string }> {
     const env = { ...process.env, REDIS_URL: redis.url, FLEET_PREFIX: prefix, FLEET_DATA_DIR: path.join(dir, 'data'), LOG_LEVEL: 'warn' };
     for (let i = 0; i < workers; i++) {
       children.push(spawn(process.execPath, [BIN, 'worker', '--concurrency', String(concurrency)], {
@@ -106,7 +107,8 @@ async function main(): Promise<void> {
       return Object.values(counts).every((n) => n === 0) && left.length === 0;
     });
     await stopAll();
-    return { workers, seconds, perSec: episodes / seconds };
+    const phases = phaseTimings(all).map((t) => `${t.phase} ${((t.p50Ms ?? 0) / 1000).toFixed(1)}`).join(', ');
+    return { workers, seconds, perSec: episodes / seconds, phases: `p50 s: ${phases}` };
   }
 
   try {
@@ -114,9 +116,9 @@ async function main(): Promise<void> {
     const ratios: number[] = [];
     for (let round = 1; round <= rounds; round++) {
       const one = await run(1, round);
-      process.stdout.write(`round ${round}: 1 worker process:   ${one.seconds.toFixed(1)} s, ${one.perSec.toFixed(2)} episodes/s\n`);
+      process.stdout.write(`round ${round}: 1 worker process:   ${one.seconds.toFixed(1)} s, ${one.perSec.toFixed(2)} episodes/s (${one.phases})\n`);
       const three = await run(3, round);
-      process.stdout.write(`round ${round}: 3 worker processes: ${three.seconds.toFixed(1)} s, ${three.perSec.toFixed(2)} episodes/s\n`);
+      process.stdout.write(`round ${round}: 3 worker processes: ${three.seconds.toFixed(1)} s, ${three.perSec.toFixed(2)} episodes/s (${three.phases})\n`);
       ratios.push(three.perSec / one.perSec);
       process.stdout.write(`round ${round}: ratio 3 vs 1: ${ratios.at(-1)!.toFixed(2)}x (load ${os.loadavg()[0]!.toFixed(1)})\n`);
     }

@@ -77,14 +77,18 @@ describe('dashboard', () => {
       redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir, docker, log: silentLog,
       workerId: 'dashboard-w', concurrency: 3, callTimeoutMs: 30_000, outputCapBytes: 64 * 1024,
     });
-    // Two passing episodes and one failing; the agent prints markup that must be shown as text.
+    // Two passing episodes, one failing, one whose verifier crashes (an error of kind verifier); the
+    // agent prints markup that must be shown as text.
     const file = await writeBatch(
       `name: dash\ntasks: [tasks]\nsamples: 1\nagent: { kind: command, command: "echo '<script>window.pwned=1</script><b>bold</b>'; echo fixed > state.txt" }\n`,
-      { good: task('good', 'grep -qx fixed state.txt'), also: task('also', 'grep -qx fixed state.txt'), bad: task('bad', 'grep -qx never state.txt') },
+      {
+        good: task('good', 'grep -qx fixed state.txt'), also: task('also', 'grep -qx fixed state.txt'),
+        bad: task('bad', 'grep -qx never state.txt'), crash: task('crash', 'exit 3'),
+      },
     );
     const plan = await enqueueBatch(await loadBatch(file), { queue: env.episodes, redis: env.client, prefix: env.prefix, results: env.results });
     batchId = plan.batchId;
-    results = await waitForResults(env, batchId, 3);
+    results = await waitForResults(env, batchId, 4);
     await waitForNoContainers(batchId);
     // A checkpoint job carrying a secret by mistake: Bull Board must not show it.
     const { Queue } = await import('bullmq');
@@ -187,12 +191,15 @@ describe('dashboard', () => {
     await page.goto(`${url}/batches`);
     await page.getByRole('link', { name: batchId }).click();
     await page.waitForURL(`**/batches/${batchId}`);
-    expect(await page.locator('.progress').innerText()).toContain('3/3 done');
+    expect(await page.locator('.progress').innerText()).toContain('4/4 done');
     const outcome = await page.locator('table.outcome').innerText();
     expect(outcome).toMatch(/passed\s+2/);
     expect(outcome).toMatch(/failed\s+1/);
+    expect(outcome).toMatch(/error\s+1/);
+    expect(await page.locator('table.kinds').innerText()).toMatch(/verifier\s+1/);
+    expect(await page.locator('tr[data-episode$=".crash.0"]').innerText()).toContain('verifier/verifier_crashed');
 
-    // Reward histogram: 10 bins, one failed episode at 0 and two passed at 1.
+    // Reward histogram: 10 bins, one failed episode at 0 and two passed at 1; the crash is not graded.
     const bars = page.locator('svg.histogram rect.bar');
     expect(await bars.count()).toBe(10);
     const counts = await bars.evaluateAll((els) => els.map((e) => Number(e.getAttribute('data-count'))));
@@ -201,6 +208,7 @@ describe('dashboard', () => {
     // Phase timings: a p50 and a p95 bar for setup, agent, verify and close.
     expect(await page.locator('svg.phases g.phase').evaluateAll((els) => els.map((e) => e.getAttribute('data-phase')))).toEqual(['setup', 'agent', 'verify', 'close']);
     expect(await page.locator('svg.phases rect.bar').count()).toBe(8);
+    expect(await page.getByText('1 not graded').count()).toBe(1);
     const setupWidth = Number(await page.locator('g.phase[data-phase="setup"] rect.p95').getAttribute('width'));
     expect(setupWidth).toBeGreaterThan(0);
     await page.screenshot({ path: '/tmp/rollout-fleet-batch-page.png', fullPage: true });
@@ -209,7 +217,7 @@ describe('dashboard', () => {
     const episodeId = results.find((r) => r.status === 'failed')!.episodeId;
     const row = page.locator(`tr[data-episode="${episodeId}"]`);
     expect(await row.locator('a.job').getAttribute('href')).toBe(`/queues/queue/episodes/${encodeURIComponent(episodeId)}`);
-    expect(await page.locator('a.job').count()).toBe(3);
+    expect(await page.locator('a.job').count()).toBe(4);
 
     // The episode page: its result and its evidence, with the agent's markup shown as text.
     await row.getByRole('link', { name: episodeId }).click();
@@ -243,9 +251,10 @@ describe('dashboard', () => {
     const text = await (await fetch(`${dashboard!.url}/metrics`, { headers: { authorization: AUTH } })).text();
     expect(text).toContain('rollout_fleet_episodes_total{status="passed",kind="none"} 2');
     expect(text).toContain('rollout_fleet_episodes_total{status="failed",kind="none"} 1');
-    expect(text).toMatch(/rollout_fleet_episode_phase_duration_seconds_count\{phase="agent"\} 3/);
-    expect(text).toMatch(/rollout_fleet_episode_phase_duration_seconds_bucket\{le="\+Inf",phase="setup"\} 3/);
-    expect(text).toContain('rollout_fleet_queue_jobs{queue="episodes",state="completed"} 3');
+    expect(text).toContain('rollout_fleet_episodes_total{status="error",kind="verifier"} 1');
+    expect(text).toMatch(/rollout_fleet_episode_phase_duration_seconds_count\{phase="agent"\} 4/);
+    expect(text).toMatch(/rollout_fleet_episode_phase_duration_seconds_bucket\{le="\+Inf",phase="setup"\} 4/);
+    expect(text).toContain('rollout_fleet_queue_jobs{queue="episodes",state="completed"} 4');
     expect(text).toContain('rollout_fleet_queue_jobs{queue="checkpoints",state="completed"} 1');
     expect(text).toContain('rollout_fleet_queue_workers{queue="episodes"} 1');
     // A second scrape counts nothing twice.
