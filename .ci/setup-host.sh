@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Brings a fresh Debian machine (as root) to where the demo and the tests can run, reusing what already
-# runs: installs redis-server, docker.io and busybox-static if missing, starts dockerd without its
+# runs: installs redis-server, docker.io, busybox-static, chromium (the dashboard's browser test) and
+# docker-compose (the compose file's test) if missing, starts dockerd without its
 # default bridge when no engine answers, runs `npm ci` when node_modules is stale, and builds the local
 # sandbox image rollout-fleet/sandbox:busybox (there is no registry to pull from).
 # Redis itself is not started here: the demo and the test suite each start a private redis-server
@@ -14,6 +15,8 @@ need_pkgs=()
 command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
 command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
 [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx patch || need_pkgs+=(busybox-static)
+[ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
+command -v docker-compose >/dev/null 2>&1 || need_pkgs+=(docker-compose)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -32,8 +32,8 @@ export function requireRedisUrl(config: FleetConfig): string {
 }
 
 /** A producer-side connection: fails fast instead of queueing commands while Redis is away. */
-export async function connectProducer(url: string): Promise<Redis> {
-  const redis = new Redis(url, { lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 1, connectionName: 'rf-cli' });
+export async function connectProducer(url: string, connectionName = 'rf-cli'): Promise<Redis> {
+  const redis = new Redis(url, { lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 1, connectionName });
   let lastError: Error | undefined;
   redis.on('error', (err: Error) => (lastError = err));
   try {

@@ -5,6 +5,7 @@ import { FleetError } from '../errors/fleet-error.ts';
 import { enqueueCommand, resultsCommand, statusCommand, workerCommand } from './commands.ts';
 import { cancelCommand, retryCommand } from './control-commands.ts';
 import { UsageError, cliContext, type Cli } from './context.ts';
+import { dashboardCommand } from './dashboard-command.ts';
 import { demoCommand } from './demo.ts';
 import { modelStubCommand } from './model-stub-command.ts';
 
@@ -18,7 +19,8 @@ const USAGE = `usage: rollout-fleet <command>
   demo                                     run the example batch on a private Redis, print the summary
   model-stub (--port N | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K]
                                            [--fail-first N] [--delay-ms N]
-                                           the scripted policy server that stands in for a model`;
+                                           the scripted policy server that stands in for a model
+  dashboard [--port N] [--local-only]      Bull Board, batch pages and /metrics (HTTP Basic auth)`;
 
 const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = {
   worker: workerCommand,
@@ -29,6 +31,7 @@ const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = 
   cancel: cancelCommand,
   retry: retryCommand,
   'model-stub': modelStubCommand,
+  dashboard: dashboardCommand,
 };
 
 export async function main(argv: string[]): Promise<number> {

@@ -68,6 +68,16 @@ export const FleetConfig = z.object({
   /** The proxy's further attempts of one call after a connection error, timeout, 429 or 5xx, with backoff (episode retries are separate). @default 3 */
   MODEL_UPSTREAM_RETRIES: z.coerce.number().int().min(0).max(10).default(3),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  /** Dashboard user for HTTP Basic auth; without it (and the password) only `--local-only` starts. */
+  FLEET_DASHBOARD_USER: z.string().min(1).optional(),
+  /** Dashboard password for HTTP Basic auth; set together with FLEET_DASHBOARD_USER. */
+  FLEET_DASHBOARD_PASSWORD: z.string().min(1).optional(),
+  /** Address the dashboard listens on (`--local-only` forces 127.0.0.1). @default 127.0.0.1 */
+  FLEET_DASHBOARD_HOST: z.string().min(1).default('127.0.0.1'),
+  /** Port of the dashboard; 0 picks a free one (`--port` overrides). @default 3000 */
+  FLEET_DASHBOARD_PORT: z.coerce.number().int().min(0).max(65_535).default(3000),
+  /** Allow write actions in Bull Board (retry, clean, pause, add); read-only otherwise. @default false */
+  FLEET_DASHBOARD_WRITE: z.stringbool().default(false),
 });
 export type FleetConfig = z.infer<typeof FleetConfig>;
 

@@ -36,21 +36,25 @@ export class ResultsStore {
     return `${this.prefix}:batch:${batchId}:summary`;
   }
 
-  /** Batch ids by creation time, newest last. */
-  private get batchesKey() {
+  /** Every batch id, scored by its creation time, so the dashboard can list batches without a SCAN. */
+  private batchesKey() {
     return `${this.prefix}:batches`;
   }
 
   /** Record a batch once; false when it was recorded before (the same batch enqueued again). */
   async putManifest(manifest: BatchManifest): Promise<boolean> {
-    const created = await this.redis.set(this.manifestKey(manifest.batchId), JSON.stringify(manifest), 'NX');
-    if (created === 'OK') await this.redis.zadd(this.batchesKey, Date.parse(manifest.createdAt), manifest.batchId);
-    return created === 'OK';
+    const createdMs = Date.parse(manifest.createdAt);
+    const replies = await this.redis
+      .multi()
+      .set(this.manifestKey(manifest.batchId), JSON.stringify(manifest), 'NX')
+      .zadd(this.batchesKey(), 'NX', Number.isNaN(createdMs) ? Date.now() : createdMs, manifest.batchId)
+      .exec();
+    return replies?.[0]?.[1] === 'OK';
   }
 
-  /** The newest batches first. */
+  /** Batch ids, newest first (batches enqueued before this listing existed are not in it). */
   async listBatches(limit = 100): Promise<string[]> {
-    return this.redis.zrevrange(this.batchesKey, 0, limit - 1);
+    return this.redis.zrevrange(this.batchesKey(), 0, Math.max(0, limit - 1));
   }
 
   /** The summary as of now, computed from the results. */
@@ -105,6 +109,11 @@ export class ResultsStore {
   /** Forget an episode's result so it can run again (retry by kind). */
   async forget(batchId: string, episodeId: string): Promise<void> {
     await this.redis.hdel(this.resultsKey(batchId), episodeId);
+  }
+
+  /** How many episodes of the batch have a result, without reading them. */
+  async resultCount(batchId: string): Promise<number> {
+    return this.redis.hlen(this.resultsKey(batchId));
   }
 
   /** The results recorded so far, in the manifest's order. */

@@ -50,15 +50,22 @@ export interface FleetEnv {
 
 /** A private Redis, a unique prefix and data folder; one per test file (or test). */
 export async function startFleetEnv(opts: { durable?: boolean } = {}): Promise<FleetEnv> {
-  const redis = await startPrivateRedis(opts);
+  return fleetEnvOn(await startPrivateRedis(opts));
+}
+
+/** A unique prefix and data folder on a Redis already started; close() stops that Redis. */
+export async function fleetEnvOn(redis: PrivateRedis, opts: { prefix?: string; dataDir?: string } = {}): Promise<FleetEnv> {
   const client = new Redis(redis.url, { maxRetriesPerRequest: null, connectionName: 'rf-test' });
-  const prefix = `t${randomBytes(4).toString('hex')}`;
-  const dataDir = await mkdtemp(path.join(os.tmpdir(), 'rf-data-'));
+  // A test that restarts Redis expects this connection to fail for a while.
+  client.on('error', () => undefined);
+  const prefix = opts.prefix ?? `t${randomBytes(4).toString('hex')}`;
+  const dataDir = opts.dataDir ?? (await mkdtemp(path.join(os.tmpdir(), 'rf-data-')));
   const env = { ...process.env, REDIS_URL: redis.url, FLEET_PREFIX: prefix, FLEET_DATA_DIR: dataDir, LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'warn' };
   const episodes = new Queue(EPISODES_QUEUE, { connection: client, prefix });
   const cleanup = new Queue(CLEANUP_QUEUE, { connection: client, prefix });
   const flows = new FlowProducer({ connection: client, prefix });
-  return {
+  for (const q of [episodes, cleanup]) q.on('error', () => undefined);
+  const fleetEnv: FleetEnv = {
     redis,
     client,
     prefix,
@@ -73,9 +80,11 @@ export async function startFleetEnv(opts: { durable?: boolean } = {}): Promise<F
       await cleanup.close();
       await flows.close();
       await client.quit();
-      await redis.stop();
+      // env.redis, not the first one: a test may have restarted Redis on the same port.
+      await fleetEnv.redis.stop();
     },
   };
+  return fleetEnv;
 }
 
 export interface CliRun {

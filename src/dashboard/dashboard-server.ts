@@ -1,0 +1,158 @@
+// The operator's view: one express app serving Bull Board for every fleet queue (/queues), the batch
+// pages (/batches), Prometheus metrics (/metrics) and a health check (/healthz, the only route without
+// authentication). Everything it needs is passed in; closing releases what it opened, not the
+// Redis connection it was given.
+import { once } from 'node:events';
+import type { AddressInfo } from 'node:net';
+import { Queue } from 'bullmq';
+import express, { type ErrorRequestHandler, type Express, type RequestHandler } from 'express';
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { BATCHES_QUEUE } from '../../queues/batches/contract.ts';
+import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
+import { CLEANUP_QUEUE } from '../../queues/cleanup/contract.ts';
+import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
+import { ResultsStore } from '../results/results-store.ts';
+import { basicAuth, type Credentials } from './basic-auth.ts';
+import { batchPages } from './batch-pages.ts';
+import { episodeHref } from './batch-view.ts';
+import { bullBoardRouter } from './bull-board.ts';
+import { createFleetMetrics } from './fleet-metrics.ts';
+
+export const BULL_BOARD_PATH = '/queues';
+
+export interface DashboardOptions {
+  /** A connection the dashboard shares for its queues and the results store. */
+  redis: Redis;
+  prefix: string;
+  dataDir: string;
+  log: Logger;
+  /** HTTP Basic credentials; undefined serves without authentication (local-only use). */
+  credentials: Credentials | undefined;
+  /** Bull Board write actions (retry, clean, pause, add); read-only otherwise. */
+  writeEnabled: boolean;
+}
+
+export interface DashboardApp {
+  app: Express;
+  /** Close the queues the app opened. */
+  close(): Promise<void>;
+}
+
+const QUEUE_DESCRIPTIONS: Record<string, string> = {
+  [EPISODES_QUEUE]: 'one job per episode; job id = episode id',
+  [CHECKPOINTS_QUEUE]: 'background writer of durable checkpoints',
+  [CLEANUP_QUEUE]: 'sandbox removal with its own budget and retries',
+  [BATCHES_QUEUE]: 'one parent job per batch; it stores the summary when the last episode ends',
+};
+
+/**
+ * With Basic auth a browser sends the credentials to any request, including a cross-site form post:
+ * refuse state-changing requests whose Origin is another site.
+ */
+const sameOriginWrites: RequestHandler = (req, res, next) => {
+  if (req.method === 'GET' || req.method === 'HEAD' || req.method === 'OPTIONS') return next();
+  const origin = req.headers.origin;
+  // Hosts only: behind a TLS proxy the browser's scheme is not the one this server sees.
+  const originHost = origin === undefined ? undefined : URL.canParse(origin) ? new URL(origin).host : '';
+  if (originHost === undefined || originHost === req.headers.host) return next();
+  res.status(403).type('text/plain').send('cross-origin request refused\n');
+};
+
+export function createDashboardApp(opts: DashboardOptions): DashboardApp {
+  const { redis, prefix, log } = opts;
+  const queues = [BATCHES_QUEUE, EPISODES_QUEUE, CHECKPOINTS_QUEUE, CLEANUP_QUEUE].map((name) => {
+    const queue = new Queue(name, { connection: redis, prefix });
+    queue.on('error', (err) => log.warn({ queue: name, err: err.message }, 'queue error'));
+    return queue;
+  });
+  const results = new ResultsStore(redis, prefix, opts.dataDir);
+  const metrics = createFleetMetrics({ queues, results });
+
+  const app = express();
+  app.disable('x-powered-by');
+  app.use((_req, res, next) => {
+    res.set('X-Content-Type-Options', 'nosniff').set('X-Frame-Options', 'DENY').set('Referrer-Policy', 'same-origin');
+    next();
+  });
+
+  app.get('/healthz', async (_req, res) => {
+    const pong = await redis.ping().catch((err: unknown) => (err as Error).message);
+    res.status(pong === 'PONG' ? 200 : 503).type('text/plain').send(pong === 'PONG' ? 'ok\n' : `redis: ${pong}\n`);
+  });
+
+  if (opts.credentials !== undefined) app.use(basicAuth(opts.credentials));
+  app.use(sameOriginWrites);
+
+  app.get('/metrics', async (_req, res) => {
+    const body = await metrics.render();
+    res.type(metrics.contentType).send(body);
+  });
+  app.use(BULL_BOARD_PATH, bullBoardRouter({
+    queues,
+    basePath: BULL_BOARD_PATH,
+    writeEnabled: opts.writeEnabled,
+    descriptions: QUEUE_DESCRIPTIONS,
+    // From an episode's job back to its page: result, evidence, batch.
+    jobLinks: {
+      [EPISODES_QUEUE]: (data) => {
+        const { batchId, episodeId } = (data ?? {}) as { batchId?: unknown; episodeId?: unknown };
+        return typeof batchId === 'string' && typeof episodeId === 'string'
+          ? { displayText: 'Episode page', href: episodeHref(batchId, episodeId) }
+          : { displayText: 'Batches', href: '/batches' };
+      },
+    },
+  }));
+  // The batch pages have no script: forbid any, and any load from elsewhere.
+  app.use((req, res, next) => {
+    if (!req.path.startsWith(BULL_BOARD_PATH)) res.set('Content-Security-Policy', "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'");
+    next();
+  });
+  app.use(batchPages({ results, dataDir: opts.dataDir, links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
+
+  app.use((_req, res) => {
+    res.status(404).type('text/plain').send('not found\n');
+  });
+  const onError: ErrorRequestHandler = (err: Error, req, res, _next) => {
+    log.error({ path: req.path, err: err.message }, 'dashboard request failed');
+    if (!res.headersSent) res.status(500).type('text/plain').send('internal error (see the dashboard log)\n');
+  };
+  app.use(onError);
+
+  return {
+    app,
+    async close() {
+      await Promise.all(queues.map((q) => q.close()));
+    },
+  };
+}
+
+export interface DashboardHandle {
+  url: string;
+  port: number;
+  close(): Promise<void>;
+}
+
+/** Listen on host:port (0 picks a free port) until closed. */
+export async function startDashboard(opts: DashboardOptions & { host: string; port: number }): Promise<DashboardHandle> {
+  const { app, close } = createDashboardApp(opts);
+  const server = app.listen(opts.port, opts.host);
+  try {
+    await Promise.race([once(server, 'listening'), once(server, 'error').then(([err]) => Promise.reject(err as Error))]);
+  } catch (err) {
+    await close();
+    throw err;
+  }
+  const { port } = server.address() as AddressInfo;
+  const host = opts.host.includes(':') ? `[${opts.host}]` : opts.host;
+  return {
+    url: `http://${host}:${port}`,
+    port,
+    async close() {
+      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      server.closeAllConnections();
+      await closed;
+      await close();
+    },
+  };
+}

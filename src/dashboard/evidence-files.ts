@@ -1,0 +1,67 @@
+// Reading an episode's evidence for the dashboard: FLEET_DATA_DIR/evidence/<episode>/attempt-<n>/*.
+// Only names found by listing the folder are opened (never a name from the request), the episode id
+// must be a plain id whose folder resolves inside the evidence root, symlinks are skipped, and each
+// file is read up to a cap.
+import { constants } from 'node:fs';
+import { open, readdir } from 'node:fs/promises';
+import path from 'node:path';
+
+const EPISODE_ID = /^[a-z0-9][a-z0-9_.-]{0,199}$/;
+const ATTEMPT_DIR = /^attempt-(\d{1,6})$/;
+
+export interface EvidenceFile {
+  attempt: number;
+  name: string;
+  sizeBytes: number;
+  /** The first capBytes of the file, as UTF-8 (a cut multi-byte character shows as U+FFFD). */
+  text: string;
+  truncated: boolean;
+}
+
+/** The episode's evidence folder, or undefined when the id could point anywhere else. */
+export function evidenceFolder(dataDir: string, episodeId: string): string | undefined {
+  if (!EPISODE_ID.test(episodeId)) return undefined;
+  const root = path.resolve(dataDir, 'evidence');
+  const folder = path.resolve(root, episodeId);
+  const rel = path.relative(root, folder);
+  return rel === '' || rel.startsWith('..') || path.isAbsolute(rel) || rel.includes(path.sep) ? undefined : folder;
+}
+
+async function readCapped(file: string, capBytes: number): Promise<{ sizeBytes: number; text: string } | undefined> {
+  // O_NOFOLLOW: a symlink swapped in after the listing is refused, not followed.
+  const fh = await open(file, constants.O_RDONLY | constants.O_NOFOLLOW).catch(() => undefined);
+  if (fh === undefined) return undefined;
+  try {
+    const stat = await fh.stat();
+    if (!stat.isFile()) return undefined;
+    const buf = Buffer.alloc(Math.min(capBytes, stat.size));
+    const { bytesRead } = await fh.read(buf, 0, buf.length, 0);
+    return { sizeBytes: stat.size, text: buf.subarray(0, bytesRead).toString('utf8') };
+  } finally {
+    await fh.close();
+  }
+}
+
+/** Every evidence file of every attempt, attempts in order, each read up to capBytes. */
+export async function readEvidence(dataDir: string, episodeId: string, capBytes: number): Promise<EvidenceFile[]> {
+  const folder = evidenceFolder(dataDir, episodeId);
+  if (folder === undefined) return [];
+  const attempts = (await readdir(folder, { withFileTypes: true }).catch(() => []))
+    .flatMap((d) => {
+      const m = ATTEMPT_DIR.exec(d.name);
+      return d.isDirectory() && m ? [{ dir: path.join(folder, d.name), attempt: Number(m[1]) }] : [];
+    })
+    .sort((a, b) => a.attempt - b.attempt);
+  const files: EvidenceFile[] = [];
+  for (const { dir, attempt } of attempts) {
+    const entries = (await readdir(dir, { withFileTypes: true }).catch(() => []))
+      .filter((d) => d.isFile() && !d.name.startsWith('.'))
+      .map((d) => d.name)
+      .sort();
+    for (const name of entries) {
+      const read = await readCapped(path.join(dir, name), capBytes);
+      if (read !== undefined) files.push({ attempt, name, ...read, truncated: read.sizeBytes > capBytes });
+    }
+  }
+  return files;
+}

@@ -1,0 +1,113 @@
+// /metrics of the dashboard, in Prometheus format (prom-client): episodes by status and failure kind
+// and phase durations (both observed from the results store), queue depths per queue and state, and
+// the workers connected to each queue. Every number is read from Redis; nothing is a placeholder.
+//
+// Results are ingested incrementally: each scrape reads only batches that were not yet complete when
+// last seen, observes the results it has not seen, and forgets a batch once all its episodes were
+// observed. So the counters and the histogram only grow, as Prometheus expects, and a scrape costs
+// what the running batches cost, not the whole history.
+import type { JobState, Queue } from 'bullmq';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+import type { ResultsStore } from '../results/results-store.ts';
+import { PHASES } from './batch-stats.ts';
+
+/** Queue states reported as depths (finished jobs are kept for a while, so they count too). */
+export const QUEUE_STATES = ['waiting', 'active', 'delayed', 'prioritized', 'waiting-children', 'completed', 'failed'] as const satisfies readonly JobState[];
+
+export interface FleetMetricsOptions {
+  queues: readonly Queue[];
+  results: ResultsStore;
+  /** How many of the newest batches the first scrape reads. @default 1000 */
+  backfillBatches?: number;
+}
+
+export interface FleetMetrics {
+  registry: Registry;
+  /** Ingest new results, then render every metric. */
+  render(): Promise<string>;
+  contentType: string;
+}
+
+export function createFleetMetrics(opts: FleetMetricsOptions): FleetMetrics {
+  const registry = new Registry();
+  const backfill = opts.backfillBatches ?? 1000;
+
+  const episodes = new Counter({
+    name: 'rollout_fleet_episodes_total',
+    help: 'Episodes that ended with a result, by status and failure kind (kind="none" when not an error); from the results store, since this dashboard started, over its newest batches',
+    labelNames: ['status', 'kind'] as const,
+    registers: [registry],
+  });
+  const phaseSeconds = new Histogram({
+    name: 'rollout_fleet_episode_phase_duration_seconds',
+    help: 'Duration of each phase of finished episodes (setup, agent, verify, close), from their results',
+    labelNames: ['phase'] as const,
+    buckets: [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600],
+    registers: [registry],
+  });
+  new Gauge({
+    name: 'rollout_fleet_queue_jobs',
+    help: 'Jobs in each queue by state',
+    labelNames: ['queue', 'state'] as const,
+    registers: [registry],
+    async collect() {
+      this.reset();
+      for (const queue of opts.queues) {
+        const counts = await queue.getJobCounts(...QUEUE_STATES);
+        for (const state of QUEUE_STATES) this.set({ queue: queue.name, state }, counts[state] ?? 0);
+      }
+    },
+  });
+  new Gauge({
+    name: 'rollout_fleet_queue_workers',
+    help: 'Worker connections currently consuming each queue (BullMQ Queue.getWorkers)',
+    labelNames: ['queue'] as const,
+    registers: [registry],
+    async collect() {
+      this.reset();
+      for (const queue of opts.queues) this.set({ queue: queue.name }, (await queue.getWorkers()).length);
+    },
+  });
+
+  const observe = (r: EpisodeResult) => {
+    episodes.inc({ status: r.status, kind: r.error?.kind ?? 'none' });
+    for (const phase of PHASES) {
+      const ms = r.timings[`${phase}Ms`];
+      if (ms !== undefined) phaseSeconds.observe({ phase }, ms / 1000);
+    }
+  };
+
+  const pending = new Map<string, Set<string>>(); // batch id -> episodes observed so far
+  const complete = new Set<string>();
+  const ingest = async () => {
+    for (const batchId of await opts.results.listBatches(backfill)) {
+      if (complete.has(batchId)) continue;
+      const manifest = await opts.results.getManifest(batchId);
+      const seen = pending.get(batchId) ?? new Set<string>();
+      for (const r of await opts.results.results(batchId)) {
+        if (seen.has(r.episodeId)) continue;
+        seen.add(r.episodeId);
+        observe(r);
+      }
+      if (manifest !== undefined && seen.size >= manifest.episodeIds.length) {
+        complete.add(batchId);
+        pending.delete(batchId);
+      } else {
+        pending.set(batchId, seen);
+      }
+    }
+  };
+
+  // One ingestion at a time: concurrent scrapes must not observe a result twice.
+  let running: Promise<void> = Promise.resolve();
+  return {
+    registry,
+    contentType: registry.contentType,
+    async render() {
+      running = running.catch(() => undefined).then(ingest);
+      await running;
+      return registry.metrics();
+    },
+  };
+}

@@ -1,0 +1,71 @@
+// docker-compose.yml as Debian's docker-compose renders it (`docker-compose config`): Redis durable and
+// noeviction, workers scalable with the Docker socket and the data folder at the same path inside and
+// out, the dashboard on the host's loopback with required credentials, the model stub.
+import { execFile } from 'node:child_process';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { describe, expect, it } from 'vitest';
+import { parse } from 'yaml';
+import { ROOT } from '../helpers/fleet.ts';
+
+const COMPOSE = path.join(ROOT, 'docker-compose.yml');
+
+interface Service {
+  image?: string;
+  build?: unknown;
+  command?: string[];
+  environment?: Record<string, string>;
+  volumes?: string[];
+  ports?: string[];
+  container_name?: string;
+  depends_on?: Record<string, unknown>;
+}
+
+async function composeConfig(env: Record<string, string>) {
+  const base = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('FLEET_')));
+  try {
+    const { stdout } = await promisify(execFile)('docker-compose', ['-f', COMPOSE, '--project-directory', ROOT, 'config'], { env: { ...base, ...env } });
+    return { ok: true, config: parse(stdout) as { services: Record<string, Service> }, stderr: '' };
+  } catch (err) {
+    const e = err as { code?: string; stderr?: string };
+    if (e.code === 'ENOENT') throw new Error('docker-compose is not installed: run .ci/setup-host.sh');
+    return { ok: false, config: undefined, stderr: e.stderr ?? '' };
+  }
+}
+
+describe('docker-compose.yml', () => {
+  it('renders the fleet: durable Redis, scalable workers, dashboard, model stub', async () => {
+    const { ok, config, stderr } = await composeConfig({ FLEET_DASHBOARD_USER: 'ops', FLEET_DASHBOARD_PASSWORD: 'pw', FLEET_DATA_DIR: '/srv/fleet' });
+    expect(ok, stderr).toBe(true);
+    const s = config!.services;
+    expect(Object.keys(s).sort()).toEqual(['dashboard', 'model-stub', 'redis', 'worker']);
+
+    expect(s.redis!.command).toEqual(expect.arrayContaining(['--appendonly', 'yes', '--maxmemory-policy', 'noeviction']));
+    expect(s.redis!.ports?.every((p) => p.startsWith('127.0.0.1:'))).toBe(true);
+
+    const worker = s.worker!;
+    expect(worker.command).toEqual(['worker']);
+    // Scalable: no fixed name, no host port to collide on.
+    expect(worker.container_name).toBeUndefined();
+    expect(worker.ports).toBeUndefined();
+    expect(worker.volumes).toEqual(expect.arrayContaining(['/var/run/docker.sock:/var/run/docker.sock:rw', '/srv/fleet:/srv/fleet:rw']));
+    expect(worker.environment).toMatchObject({ REDIS_URL: 'redis://redis:6379', FLEET_DATA_DIR: '/srv/fleet' });
+
+    const dashboard = s.dashboard!;
+    expect(dashboard.command).toEqual(['dashboard']);
+    expect(dashboard.environment).toMatchObject({ FLEET_DASHBOARD_USER: 'ops', FLEET_DASHBOARD_PASSWORD: 'pw', FLEET_DASHBOARD_WRITE: 'false', FLEET_DATA_DIR: '/srv/fleet' });
+    expect(dashboard.ports).toEqual(['127.0.0.1:3000:3000/tcp']);
+    expect(dashboard.volumes).toEqual(['/srv/fleet:/srv/fleet:ro']);
+    expect(dashboard.volumes!.join()).not.toContain('docker.sock');
+
+    expect(s['model-stub']!.command).toEqual(['model-stub']);
+    // One image for the fleet's services, built from this repository.
+    for (const name of ['worker', 'dashboard', 'model-stub']) expect([s[name]!.image, s[name]!.build], name).toEqual(['rollout-fleet:local', { context: ROOT.replace(/\/$/, '') }]);
+  });
+
+  it('refuses to render without dashboard credentials', async () => {
+    const { ok, stderr } = await composeConfig({});
+    expect(ok).toBe(false);
+    expect(stderr).toContain('set FLEET_DASHBOARD_USER');
+  });
+});
