@@ -165,6 +165,7 @@ async function ensureInstalled(
   const { callTimeoutMs = 30_000, timeoutMs = 300_000, helperImage = DEFAULT_IMAGE, lockTtlMs = 30_000, pollMs = 100, signal } = opts;
   const vdeps: VolumeDeps = { docker: deps.docker, log: deps.log, callTimeoutMs };
   const id = hashedInputs.generationId;
+  const ref = { volumeName, generationId: id, prefix: deps.prefix };
   const key = lockKey(deps.prefix, await engineId(deps.docker, { timeoutMs: callTimeoutMs }), id);
   const deadline = Date.now() + timeoutMs;
   const log = deps.log.child({ generationId: id, volumeName });
@@ -173,7 +174,7 @@ async function ensureInstalled(
 
   for (;;) {
     signal?.throwIfAborted();
-    if ((await volumeState(vdeps, volumeName, id, helperImage)) === 'ready') {
+    if ((await volumeState(vdeps, ref, helperImage)) === 'ready') {
       markReady();
       return { warm: true, bytesCopied: 0 };
     }
@@ -181,7 +182,7 @@ async function ensureInstalled(
     if (lock) {
       try {
         // Check again under the lock: the previous holder may have finished in between.
-        const state = await volumeState(vdeps, volumeName, id, helperImage);
+        const state = await volumeState(vdeps, ref, helperImage);
         if (state === 'ready') {
           markReady();
           return { warm: true, bytesCopied: 0 };
@@ -192,7 +193,7 @@ async function ensureInstalled(
           await discardVolume(vdeps, volumeName);
         }
         const installStarted = performance.now();
-        const bytesCopied = await installGeneration(vdeps, { volumeName, prefix: deps.prefix, hashed: hashedInputs, inputs, helperImage, lock });
+        const bytesCopied = await installGeneration(vdeps, { ref, hashed: hashedInputs, inputs, helperImage, lock });
         log.info({ bytesCopied, installMs: Math.round(performance.now() - installStarted) }, 'runtime generation installed');
         markReady();
         return { warm: false, bytesCopied };

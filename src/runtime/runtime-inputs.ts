@@ -64,10 +64,10 @@ export function checkRuntimeInputs(inputs: RuntimeInputs): void {
   const dirs = new Set<string>();
   for (const [i, input] of inputs.entries()) {
     const where = `inputs[${i}]`;
+    if (input.path === READY_MARKER) throw new TypeError(`\`${where}.path\` ${READY_MARKER} is reserved for the ready marker`);
     if (typeof input.path !== 'string' || !SAFE_PATH.test(input.path) || input.path.split('/').includes('..')) {
       throw new TypeError(`Expected \`${where}.path\` to be a relative path of letters, digits, ., _, + and -, got ${JSON.stringify(input.path)}`);
     }
-    if (input.path === READY_MARKER) throw new TypeError(`\`${where}.path\` ${READY_MARKER} is reserved for the ready marker`);
     if (input.mode !== 0o644 && input.mode !== 0o755) {
       throw new TypeError(`Expected \`${where}.mode\` to be 0o644 or 0o755, got ${String(input.mode)}`);
     }

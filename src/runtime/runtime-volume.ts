@@ -39,13 +39,20 @@ export function runtimeVolumeLabels(prefix: string, generationId: string): Recor
 
 export type VolumeState = 'absent' | 'ready' | 'partial';
 
-function helperSpec(volumeName: string, generationId: string, role: 'install' | 'probe', image: string): VolumeContainerSpec {
+/** One generation's volume for one fleet. */
+export interface VolumeRef {
+  volumeName: string;
+  generationId: string;
+  prefix: string;
+}
+
+function helperSpec(ref: VolumeRef, role: 'install' | 'probe', image: string): VolumeContainerSpec {
   return {
-    volumeName,
+    volumeName: ref.volumeName,
     // Any path does: archive entries are relative to it, and the container never runs.
     mountPath: RUNTIME_MOUNT_PATH,
     image,
-    labels: { [LABEL.managed]: '1', [LABEL.runtimeGeneration]: generationId, [LABEL.runtimeRole]: role },
+    labels: { ...runtimeVolumeLabels(ref.prefix, ref.generationId), [LABEL.runtimeRole]: role },
     readOnly: role === 'probe',
   };
 }
@@ -54,11 +61,12 @@ function helperSpec(volumeName: string, generationId: string, role: 'install' | 
  * absent: no such volume. ready: ours (labels) with the ready marker. partial: anything else (being
  * installed, abandoned mid-install, or created by Docker itself for a mount of a missing volume).
  */
-export async function volumeState(deps: VolumeDeps, volumeName: string, generationId: string, helperImage: string): Promise<VolumeState> {
-  const info = await inspectVolume(deps.docker, volumeName, { timeoutMs: deps.callTimeoutMs });
+export async function volumeState(deps: VolumeDeps, ref: VolumeRef, helperImage: string): Promise<VolumeState> {
+  const info = await inspectVolume(deps.docker, ref.volumeName, { timeoutMs: deps.callTimeoutMs });
   if (info === undefined) return 'absent';
-  if (info.labels[LABEL.runtimeGeneration] !== generationId) return 'partial';
-  const ready = await withVolumeContainer(deps, helperSpec(volumeName, generationId, 'probe', helperImage), (c) => c.exists(READY_MARKER));
+  if (info.labels[LABEL.runtimeGeneration] !== ref.generationId) return 'partial';
+  // A probe racing a discard may find its container removed under it (404): not ready either way.
+  const ready = await withVolumeContainer(deps, helperSpec(ref, 'probe', helperImage), (c) => c.exists(READY_MARKER));
   return ready ? 'ready' : 'partial';
 }
 
@@ -96,8 +104,7 @@ async function markerArchive(generationId: string): Promise<Buffer> {
 }
 
 export interface InstallRequest {
-  volumeName: string;
-  prefix: string;
+  ref: VolumeRef;
   hashed: HashedInputs;
   inputs: RuntimeInputs;
   helperImage: string;
@@ -110,9 +117,10 @@ export interface InstallRequest {
  * mounts it, and write the ready marker LAST, only while the lock is still ours. Returns the bytes sent.
  */
 export async function installGeneration(deps: VolumeDeps, req: InstallRequest): Promise<number> {
-  const { volumeName, hashed, lock } = req;
+  const { ref, hashed, lock } = req;
+  const { volumeName } = ref;
   const id = hashed.generationId;
-  const labels = runtimeVolumeLabels(req.prefix, id);
+  const labels = runtimeVolumeLabels(ref.prefix, id);
   const call = { timeoutMs: deps.callTimeoutMs };
   await createVolume(deps.docker, volumeName, labels, call);
   // A probe that raced a discard can make Docker create the volume itself, unlabelled: start over.
@@ -121,7 +129,7 @@ export async function installGeneration(deps: VolumeDeps, req: InstallRequest): 
     await discardVolume(deps, volumeName);
     await createVolume(deps.docker, volumeName, labels, call);
   }
-  return withVolumeContainer(deps, helperSpec(volumeName, id, 'install', req.helperImage), async (container) => {
+  return withVolumeContainer(deps, helperSpec(ref, 'install', req.helperImage), async (container) => {
     const archive = runtimeArchive(req.inputs, hashed.manifest);
     let builderError: unknown;
     archive.summary.catch((err: unknown) => (builderError = err));
