@@ -134,9 +134,11 @@ export async function withVolumeContainer<T>(
     },
     async exists(relPath) {
       try {
-        await dockerCall('stat path in volume', call, (abortSignal) =>
+        const res = await dockerCall('stat path in volume', call, (abortSignal) =>
           created.infoArchive({ path: `${spec.mountPath}/${relPath}`, abortSignal }),
         );
+        // dockerode hands back the (empty) HEAD response unread: drain it, or its socket stays busy.
+        (res as Readable).resume();
         return true;
       } catch (err) {
         if (statusOf(err) === 404) return false;
