@@ -7,6 +7,7 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
 import { engineId, type Docker } from '../sandbox/docker-client.ts';
+import { inspectVolume } from '../sandbox/volumes.ts';
 import type { VolumeMount } from '../sandbox/sandbox-session.ts';
 import { DEFAULT_IMAGE } from '../tasks/task-spec.ts';
 import { hashRuntimeInputs } from './build-archive.ts';
@@ -34,7 +35,7 @@ export interface PrepareOptions {
   lockTtlMs?: number;
   /** How often a waiter checks whether the installing process is done. @default 100 */
   pollMs?: number;
-  /** How long this process trusts a volume it saw ready without asking the engine again. @default 30000 */
+  /** How long this process trusts a volume it saw ready without asking the engine again (then: one volume inspect). @default 30000 */
   trustReadyMs?: number;
   /** Stops waiting (not an install already streaming, which has its own deadline). */
   signal?: AbortSignal;
@@ -68,8 +69,16 @@ interface Installed {
 // ctime in ns): a replaced or rewritten file changes it, so a changed input is always hashed again.
 const MEMO_ENTRIES = 8;
 const hashMemo = new Map<string, Promise<HashedInputs>>();
-/** Per engine client: when this process last saw each volume ready, and installs in flight. */
-let trustedReady = new WeakMap<Docker, Map<string, number>>();
+/**
+ * Per engine client: volumes this process saw ready (when it last checked, and the volume's creation
+ * time then), and installs in flight. A ready volume never loses its files, so the same volume (same
+ * creation time) is still ready: re-checking costs one volume inspect, no probe container.
+ */
+interface SeenReady {
+  checkedAt: number;
+  createdAt: string;
+}
+let trustedReady = new WeakMap<Docker, Map<string, SeenReady>>();
 const inflight = new WeakMap<Docker, Map<string, Promise<Installed>>>();
 
 function perEngine<V>(store: WeakMap<Docker, Map<string, V>>, docker: Docker): Map<string, V> {
@@ -126,10 +135,10 @@ export async function prepareRuntime(deps: RuntimeDeps, inputs: RuntimeInputs, o
   const hashedInputs = await hashed(inputs);
   const { generationId } = hashedInputs;
   const volumeName = runtimeVolumeName(deps.prefix, generationId);
-  const readySince = perEngine(trustedReady, deps.docker).get(volumeName);
+  const seen = perEngine(trustedReady, deps.docker).get(volumeName);
 
   let result: Installed;
-  if (readySince !== undefined && Date.now() - readySince < trustReadyMs) {
+  if (seen !== undefined && (Date.now() - seen.checkedAt < trustReadyMs || (await stillSameVolume(deps, volumeName, seen, opts)))) {
     result = { warm: true, bytesCopied: 0 };
   } else {
     const flights = perEngine(inflight, deps.docker);
@@ -150,9 +159,20 @@ export async function prepareRuntime(deps: RuntimeDeps, inputs: RuntimeInputs, o
   await deps.redis.hset(lastUsedKey(deps.prefix), generationId, String(Date.now()));
   const prepareMs = Math.round((performance.now() - started) * 100) / 100;
   const record = { generationId, volumeName, warm: result.warm, prepareMs, bytesCopied: result.bytesCopied };
-  if (result.warm && readySince !== undefined) deps.log.debug(record, 'runtime prepared');
+  if (result.warm && seen !== undefined) deps.log.debug(record, 'runtime prepared');
   else deps.log.info(record, 'runtime prepared');
   return { ...record, mountPath: RUNTIME_MOUNT_PATH, mount: { volumeName, target: RUNTIME_MOUNT_PATH } };
+}
+
+/** Whether the volume seen ready is still there, the same one (not removed and created again). */
+async function stillSameVolume(deps: RuntimeDeps, volumeName: string, seen: SeenReady, opts: PrepareOptions): Promise<boolean> {
+  const info = await inspectVolume(deps.docker, volumeName, { timeoutMs: opts.callTimeoutMs ?? 30_000 });
+  if (info !== undefined && info.createdAt === seen.createdAt) {
+    seen.checkedAt = Date.now();
+    return true;
+  }
+  perEngine(trustedReady, deps.docker).delete(volumeName);
+  return false;
 }
 
 async function ensureInstalled(
@@ -170,12 +190,15 @@ async function ensureInstalled(
   const deadline = Date.now() + timeoutMs;
   const log = deps.log.child({ generationId: id, volumeName });
   let waitedLogged = false;
-  const markReady = () => perEngine(trustedReady, deps.docker).set(volumeName, Date.now());
+  const markReady = async () => {
+    const info = await inspectVolume(deps.docker, volumeName, { timeoutMs: callTimeoutMs });
+    if (info) perEngine(trustedReady, deps.docker).set(volumeName, { checkedAt: Date.now(), createdAt: info.createdAt });
+  };
 
   for (;;) {
     signal?.throwIfAborted();
     if ((await volumeState(vdeps, ref, helperImage)) === 'ready') {
-      markReady();
+      await markReady();
       return { warm: true, bytesCopied: 0 };
     }
     const lock = await tryLock(deps.redis, key, lockTtlMs, log);
@@ -184,7 +207,7 @@ async function ensureInstalled(
         // Check again under the lock: the previous holder may have finished in between.
         const state = await volumeState(vdeps, ref, helperImage);
         if (state === 'ready') {
-          markReady();
+          await markReady();
           return { warm: true, bytesCopied: 0 };
         }
         if (state === 'partial') {
@@ -195,7 +218,7 @@ async function ensureInstalled(
         const installStarted = performance.now();
         const bytesCopied = await installGeneration(vdeps, { ref, hashed: hashedInputs, inputs, helperImage, lock });
         log.info({ bytesCopied, installMs: Math.round(performance.now() - installStarted) }, 'runtime generation installed');
-        markReady();
+        await markReady();
         return { warm: false, bytesCopied };
       } finally {
         await lock.release().catch((err: unknown) => log.warn({ err: (err as Error).message }, 'releasing the runtime install lock failed'));

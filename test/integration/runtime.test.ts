@@ -110,8 +110,9 @@ interface Child {
   result: Promise<RuntimeGeneration>;
 }
 
-function spawnPreparer(prefix: string): Child {
-  const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'test/helpers/prepare-runtime-child.ts'), env.redis.url, prefix], {
+function spawnPreparer(prefix: string, lockTtlMs?: number): Child & { kill(): void } {
+  const args = [path.join(ROOT, 'test/helpers/prepare-runtime-child.ts'), env.redis.url, prefix, ...(lockTtlMs ? [String(lockTtlMs)] : [])];
+  const child = spawn(process.execPath, ['--import', 'tsx', ...args], {
     cwd: ROOT,
     stdio: ['pipe', 'pipe', 'pipe'],
   });
@@ -128,7 +129,7 @@ function spawnPreparer(prefix: string): Child {
     if (code !== 0) throw new Error(`preparer exited ${String(code)}: ${err}`);
     return JSON.parse(out.split('\n')[1]!) as RuntimeGeneration;
   });
-  return { ready, go: () => child.stdin.end('go\n'), result };
+  return { ready, go: () => child.stdin.end('go\n'), result, kill: () => child.kill('SIGKILL') };
 }
 
 beforeAll(async () => {
@@ -216,6 +217,10 @@ describe('runtime generations', () => {
     const again = await Promise.all([1, 2, 3].map(() => prepareRuntime(depsFor(prefix), inputs)));
     for (const g of [first, ...again]) expect(g).toMatchObject({ warm: true, bytesCopied: 0, volumeName: cold.volumeName });
     expect(Math.max(...again.map((g) => g.prepareMs))).toBeLessThan(100); // a few ms; loose for a loaded CI machine
+    // Past the trust window one volume inspect re-checks it; a volume removed behind our back is installed again.
+    expect(await prepareRuntime(depsFor(prefix), inputs, { trustReadyMs: 0 })).toMatchObject({ warm: true, bytesCopied: 0 });
+    await docker.getVolume(cold.volumeName).remove();
+    expect(await prepareRuntime(depsFor(prefix), inputs, { trustReadyMs: 0 })).toMatchObject({ warm: false, volumeName: cold.volumeName });
     // A changed input is a new generation, installed on its own.
     const changed = await prepareRuntime(depsFor(prefix), inputs.map((i) => (i.path === 'bin/hello' ? { ...i, mode: 0o644 as const } : i)));
     expect(changed.generationId).not.toBe(cold.generationId);
@@ -249,6 +254,27 @@ describe('runtime generations', () => {
       'bin/hello': true,
       'share/data': true,
     });
+  });
+
+  it('recovers from a worker killed mid-install: waits out its lock, then discards and reinstalls', async () => {
+    const prefix = newPrefix('killed');
+    const installs = await countInstalls(prefix);
+    const victim = spawnPreparer(prefix, 2_000);
+    await victim.ready;
+    victim.go();
+    await waitFor('the victim to start installing', async () => installs.count() >= 1);
+    victim.kill();
+    await expect(victim.result).rejects.toThrow(/preparer exited/);
+
+    const { log, lines } = capturingLog();
+    const generation = await prepareRuntime(depsFor(prefix, log), await defaultRuntimeInputs(), { pollMs: 20 });
+    expect(generation.warm).toBe(false);
+    expect(lines.some((l) => l.includes('discarding a half-installed runtime volume'))).toBe(true);
+    expect(await volumeHas(generation.volumeName, [READY_MARKER, 'bin/node.real'])).toEqual({ [READY_MARKER]: true, 'bin/node.real': true });
+    await waitFor('both installer creation events', async () => installs.count() >= 2);
+    installs.stop();
+    // The killed worker's installer container was removed with its half-filled volume.
+    expect(await docker.listContainers({ all: true, filters: { label: [`${LABEL.prefix}=${prefix}`] } })).toEqual([]);
   });
 
   it('waits while another process holds the install lock, and repairs only once it is gone', async () => {
