@@ -80,7 +80,7 @@ async function loopDelayDuringBuild(inputs: RuntimeInputs, onMainThread: boolean
   h.enable();
   const started = performance.now();
   const hashed = await hashRuntimeInputs(inputs, { onMainThread });
-  const archive = runtimeArchive(inputs, hashed.manifest, { onMainThread });
+  const archive = runtimeArchive(inputs, hashed, { onMainThread });
   await pipeline(archive.stream, new Writable({ write: (_c, _e, cb) => cb() }));
   const buildMs = performance.now() - started;
   h.disable();

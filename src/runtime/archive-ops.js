@@ -1,11 +1,16 @@
 // @ts-check
-// The runtime builder's two operations, streaming with flat memory: hash files (one reused 1 MiB
-// buffer, incremental sha256) and write a planned tar with tar-stream, checking each file against its
-// planned size and sha256 as it streams. Plain JavaScript (type-checked through JSDoc) because it is
-// loaded by a worker thread: a tsx loader there costs 0.3-0.7 s per thread start on these machines.
+// The runtime builder's two operations, streaming with flat memory: hash files (two reused 1 MiB
+// buffers, the next read in flight while the last one is hashed) and write a planned tar with
+// tar-stream. Plain JavaScript (type-checked through JSDoc) because it runs in a worker thread, where a
+// tsx loader would cost 0.3-0.7 s per thread start on these machines.
+//
+// A file must not change between hashing and archiving, or the archive would not match its generation
+// id. Both steps record the file's stat identity (device, inode, size, mtime, ctime in ns; what make and
+// git rely on) before and after reading it, and fail if it moved; a rewrite changes ctime, a
+// replacement changes the inode. This costs two stats where a second sha256 pass would cost ~0.1 s.
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
-import { open } from 'node:fs/promises';
+import { open, stat } from 'node:fs/promises';
 import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import tar from 'tar-stream';
@@ -20,95 +25,112 @@ const READ_CHUNK_BYTES = 1024 * 1024;
 /** Root owns everything and every timestamp is the epoch: only names, modes and bytes reach the archive. */
 const FIXED_HEADER = { mtime: new Date(0), uid: 0, gid: 0, uname: '', gname: '' };
 
-/** @param {FileSource} file */
-const describe = (file) => ('source' in file ? file.source : '(inline content)');
+/**
+ * A file's stat identity (symlinks followed): any write or replacement changes it.
+ * @param {string} file
+ * @returns {Promise<string>}
+ */
+export async function fileIdentity(file) {
+  const st = await stat(file, { bigint: true });
+  return `${st.dev}:${st.ino}:${st.size}:${st.mtimeNs}:${st.ctimeNs}`;
+}
+
+/** @param {string} name */
+const changed = (name) => new Error(`${name} changed while its generation was being built; its archive would not match its id`);
 
 /**
- * @param {FileSource} file
- * @param {Buffer} buf
+ * @param {string} source
+ * @param {[Buffer, Buffer]} bufs
  * @param {AbortSignal | undefined} signal
  * @returns {Promise<FileDigest>}
  */
-async function hashOne(file, buf, signal) {
-  if ('content' in file) {
-    const bytes = Buffer.from(file.content, 'utf8');
-    return { size: bytes.length, sha256: createHash('sha256').update(bytes).digest('hex') };
-  }
+async function hashSource(source, bufs, signal) {
   const hash = createHash('sha256');
   let size = 0;
+  const identity = await fileIdentity(source);
+  const fh = await open(source, 'r');
+  /** @type {Promise<{ bytesRead: number }> | undefined} */
+  let next;
   try {
-    const fh = await open(file.source, 'r');
-    try {
-      for (;;) {
-        signal?.throwIfAborted();
-        const { bytesRead } = await fh.read(buf, 0, buf.length, null);
-        if (bytesRead === 0) break;
-        hash.update(buf.subarray(0, bytesRead));
-        size += bytesRead;
-      }
-    } finally {
-      await fh.close();
+    let [full, spare] = bufs;
+    next = fh.read(full, 0, READ_CHUNK_BYTES, null);
+    for (;;) {
+      const { bytesRead } = await next;
+      next = undefined;
+      if (bytesRead === 0) break;
+      signal?.throwIfAborted();
+      next = fh.read(spare, 0, READ_CHUNK_BYTES, null);
+      hash.update(full.subarray(0, bytesRead));
+      size += bytesRead;
+      [full, spare] = [spare, full];
     }
-  } catch (err) {
-    if (signal?.aborted) throw err;
-    throw new Error(`cannot read ${describe(file)}: ${/** @type {Error} */ (err).message}`, { cause: err });
+  } finally {
+    await next?.catch(() => undefined);
+    await fh.close();
   }
-  return { size, sha256: hash.digest('hex') };
+  if ((await fileIdentity(source)) !== identity) throw changed(source);
+  return { size, sha256: hash.digest('hex'), identity };
 }
 
 /**
- * Size and sha256 of each file, in order.
+ * Size, sha256 and (for host files) stat identity of each file, in order.
  * @param {FileSource[]} files
  * @param {AbortSignal} [signal]
  * @returns {Promise<FileDigest[]>}
  */
 export async function hashFiles(files, signal) {
-  const buf = Buffer.allocUnsafe(READ_CHUNK_BYTES);
+  /** @type {[Buffer, Buffer]} */
+  const bufs = [Buffer.allocUnsafe(READ_CHUNK_BYTES), Buffer.allocUnsafe(READ_CHUNK_BYTES)];
   const digests = [];
-  for (const file of files) digests.push(await hashOne(file, buf, signal));
+  for (const file of files) {
+    if ('content' in file) {
+      const bytes = Buffer.from(file.content, 'utf8');
+      digests.push({ size: bytes.length, sha256: createHash('sha256').update(bytes).digest('hex') });
+      continue;
+    }
+    try {
+      digests.push(await hashSource(file.source, bufs, signal));
+    } catch (err) {
+      if (signal?.aborted) throw err;
+      throw new Error(`cannot read ${file.source}: ${/** @type {Error} */ (err).message}`, { cause: err });
+    }
+  }
   return digests;
 }
 
 /**
+ * Counts a file's bytes on their way into the archive and fails on any other size than planned.
  * @param {string} name
- * @returns {Error}
+ * @param {number} size
  */
-const changed = (name) => new Error(`${name} changed since it was hashed; its generation would not match its id`);
-
-/**
- * Passes a file's bytes through and fails if they are not the planned ones.
- * @param {{ name: string } & FileDigest} expected
- */
-function verifying(expected) {
-  const hash = createHash('sha256');
-  let size = 0;
+function sized(name, size) {
+  let seen = 0;
   return new Transform({
     transform(/** @type {Buffer} */ chunk, _enc, cb) {
-      hash.update(chunk);
-      size += chunk.length;
-      if (size > expected.size) cb(changed(expected.name));
-      else cb(null, chunk);
+      seen += chunk.length;
+      cb(seen > size ? changed(name) : null, chunk);
     },
     flush(cb) {
-      cb(size === expected.size && hash.digest('hex') === expected.sha256 ? null : changed(expected.name));
+      cb(seen === size ? null : changed(name));
     },
   });
 }
 
 /**
- * Write the planned entries as one tar to `sink`.
+ * Write the planned entries as one tar to `sink`; with `digest`, also the archive's sha256.
  * @param {PlannedEntry[]} entries
  * @param {NodeJS.WritableStream} sink
- * @param {AbortSignal} [signal]
+ * @param {{ digest?: boolean, signal?: AbortSignal }} [opts]
  * @returns {Promise<ArchiveSummary>}
  */
-export async function writeArchive(entries, sink, signal) {
+export async function writeArchive(entries, sink, opts = {}) {
+  const { signal } = opts;
   const pack = tar.pack();
-  const archiveHash = createHash('sha256');
+  const archiveHash = opts.digest ? createHash('sha256') : undefined;
   let bytes = 0;
   const tap = new Transform({
     transform(/** @type {Buffer} */ chunk, _enc, cb) {
-      archiveHash.update(chunk);
+      archiveHash?.update(chunk);
       bytes += chunk.length;
       cb(null, chunk);
     },
@@ -124,8 +146,10 @@ export async function writeArchive(entries, sink, signal) {
         if (content.length !== entry.size || createHash('sha256').update(content).digest('hex') !== entry.sha256) throw changed(entry.name);
         await new Promise((resolve, reject) => pack.entry({ ...header, type: 'file', size: entry.size }, content, (err) => (err ? reject(err) : resolve(undefined))));
       } else {
+        if ((await fileIdentity(entry.source)) !== entry.identity) throw changed(entry.name);
         const source = createReadStream(entry.source, { highWaterMark: READ_CHUNK_BYTES });
-        await pipeline(source, verifying(entry), pack.entry({ ...header, type: 'file', size: entry.size }), { signal });
+        await pipeline(source, sized(entry.name, entry.size), pack.entry({ ...header, type: 'file', size: entry.size }), { signal });
+        if ((await fileIdentity(entry.source)) !== entry.identity) throw changed(entry.name);
       }
     }
     pack.finalize();
@@ -136,5 +160,5 @@ export async function writeArchive(entries, sink, signal) {
     pack.destroy(/** @type {Error} */ (err));
     throw err;
   }
-  return { bytes, sha256: archiveHash.digest('hex') };
+  return { bytes, sha256: archiveHash?.digest('hex') };
 }

@@ -2,9 +2,10 @@
 // executes plans (read, hash, pack); every decision (manifest, order, modes, id) is made in TypeScript
 // on the main thread. Each request carries its own MessagePort, so one thread serves any number.
 import type { MessagePort } from 'node:worker_threads';
+import type { UploadTarget } from '../sandbox/archive-upload.js';
 
-/** Archive bytes the builder may send ahead of what the main thread has consumed. */
-export const ARCHIVE_WINDOW_BYTES = 8 * 1024 * 1024;
+/** Archive bytes the builder may send ahead of what the main thread's consumer took. */
+export const ARCHIVE_WINDOW_BYTES = 16 * 1024 * 1024;
 
 /** Where a file's bytes come from: a host file (symlinks followed) or inline UTF-8 text. */
 export type FileSource = { source: string } | { content: string };
@@ -13,6 +14,8 @@ export interface FileDigest {
   size: number;
   /** Hex sha256 of the content. */
   sha256: string;
+  /** Host files: stat identity when hashed; the archive step checks the file still has it. */
+  identity?: string;
 }
 
 /** One entry of the archive, in order; a file's bytes must match its size and sha256. */
@@ -23,21 +26,25 @@ export type PlannedEntry =
 export interface ArchiveSummary {
   /** Bytes of the archive. */
   bytes: number;
-  /** Hex sha256 of the archive bytes. */
-  sha256: string;
+  /** Hex sha256 of the archive bytes, when asked for (tests and benchmarks). */
+  sha256: string | undefined;
 }
 
 export type BuilderRequest =
   | { op: 'hash'; files: FileSource[]; port: MessagePort }
-  | { op: 'archive'; entries: PlannedEntry[]; port: MessagePort };
+  | { op: 'archive'; entries: PlannedEntry[]; digest: boolean; port: MessagePort }
+  /** Write the archive straight into a container path through the engine's API, from the builder thread. */
+  | { op: 'upload'; entries: PlannedEntry[]; target: UploadTarget; port: MessagePort };
 
 export type BuilderReply =
   | { type: 'hashed'; digests: FileDigest[] }
-  | { type: 'data'; chunk: Uint8Array }
+  /** The next bytes of the archive: all of `buffer`, now owned by the main thread. */
+  | { type: 'data'; buffer: ArrayBuffer }
   | { type: 'end'; summary: ArchiveSummary }
-  | { type: 'error'; message: string };
+  /** `statusCode`: the engine refused an upload. */
+  | { type: 'error'; message: string; statusCode?: number | undefined };
 
-/** What the main thread sends back on an archive's port as it consumes bytes. */
+/** What the main thread sends back as its consumer takes bytes: credit to send that many more. */
 export interface ArchiveAck {
   type: 'ack';
   bytes: number;

@@ -4,13 +4,20 @@ import { PassThrough } from 'node:stream';
 import { FleetError } from '../errors/fleet-error.ts';
 import { hashFiles, writeArchive } from './archive-ops.js';
 import type { FileSource } from './archive-protocol.ts';
-import { archiveOffThread, hashFilesOffThread, type ArchiveStream } from './build-off-thread.ts';
+import type { UploadTarget } from '../sandbox/archive-upload.js';
+import type { ArchiveSummary } from './archive-protocol.ts';
+import { archiveOffThread, hashFilesOffThread, uploadOffThread, type ArchiveStream } from './build-off-thread.ts';
 import { checkRuntimeInputs, type RuntimeInputs } from './runtime-inputs.ts';
-import { archivePlan, manifestOf, type HashedInputs, type RuntimeManifest } from './runtime-manifest.ts';
+import { archivePlan, manifestOf, type HashedInputs } from './runtime-manifest.ts';
 
 export interface BuildOptions {
   /** Run on this thread instead of the builder thread (benchmarks and tests only). @default false */
   onMainThread?: boolean;
+}
+
+export interface ArchiveOptions extends BuildOptions {
+  /** Also compute the archive's sha256 (an extra pass over every byte; tests and benchmarks). @default false */
+  digest?: boolean;
 }
 
 /** Read every input once: the manifest and the generation id. */
@@ -28,18 +35,28 @@ export async function hashRuntimeInputs(inputs: RuntimeInputs, opts: BuildOption
 
 /**
  * The generation's tar, streamed: entries sorted, folders 0755, files 0644 or 0755, all root's, mtime 0.
- * Each file is checked against the manifest as it streams: an input changed since hashing fails the
- * stream rather than ship bytes that do not match the generation id.
+ * A host file whose stat identity changed since hashing, or whose size differs, fails the stream
+ * rather than ship bytes that do not match the generation id.
  */
-export function runtimeArchive(inputs: RuntimeInputs, manifest: RuntimeManifest, opts: BuildOptions = {}): ArchiveStream {
-  const plan = archivePlan(inputs, manifest);
-  if (!opts.onMainThread) return archiveOffThread(plan);
+export function runtimeArchive(inputs: RuntimeInputs, hashed: HashedInputs, opts: ArchiveOptions = {}): ArchiveStream {
+  const plan = archivePlan(inputs, hashed);
+  const digest = opts.digest ?? false;
+  if (!opts.onMainThread) return archiveOffThread(plan, digest);
   const stream = new PassThrough({ highWaterMark: 4 * 1024 * 1024 });
-  const summary = writeArchive(plan, stream).catch((err: unknown) => {
+  const summary = writeArchive(plan, stream, { digest }).catch((err: unknown) => {
     const error = new FleetError('runtime_unavailable', `runtime builder: ${(err as Error).message}`, { cause: err });
     stream.destroy(error);
     throw error;
   });
   summary.catch(() => undefined);
   return { stream, summary };
+}
+
+/**
+ * Build the generation's archive in the builder thread and stream it from there straight into
+ * `target` (a container path), the way `tar -c | docker cp -` would: the bytes never pass through this
+ * thread. Same layout and checks as runtimeArchive. Aborting `signal` stops the build and the upload.
+ */
+export function uploadRuntimeArchive(inputs: RuntimeInputs, hashed: HashedInputs, target: UploadTarget, signal: AbortSignal): Promise<ArchiveSummary> {
+  return uploadOffThread(archivePlan(inputs, hashed), target, signal);
 }

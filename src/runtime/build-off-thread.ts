@@ -1,10 +1,11 @@
 // The runtime builder thread, seen from the main thread: one long-lived worker per process (started on
 // first use, unref'd, stopped after a minute idle) hashes files and writes archives. An archive comes
-// back as a Readable fed by transferred chunks and acknowledged as it is consumed, so a slow consumer
-// (the Docker engine) holds the builder back instead of filling memory.
+// back as a Readable fed by transferred (moved, not copied) chunks, acknowledged as it is consumed, so
+// a slow consumer (the Docker engine) holds the builder back instead of filling memory.
 import { Readable } from 'node:stream';
 import { MessageChannel, Worker, type MessagePort } from 'node:worker_threads';
 import { FleetError } from '../errors/fleet-error.ts';
+import type { UploadTarget } from '../sandbox/archive-upload.js';
 import type { ArchiveAck, ArchiveSummary, BuilderReply, BuilderRequest, FileDigest, FileSource, PlannedEntry } from './archive-protocol.ts';
 
 const WORKER_ENTRY = new URL('./archive-worker.js', import.meta.url);
@@ -67,6 +68,30 @@ export async function hashFilesOffThread(files: FileSource[]): Promise<FileDiges
   });
 }
 
+/**
+ * Write the planned archive straight into a container path from the builder thread. Aborting `signal`
+ * stops it. An engine refusal rejects with an Error carrying the engine's `statusCode`.
+ */
+export async function uploadOffThread(entries: PlannedEntry[], target: UploadTarget, signal: AbortSignal): Promise<ArchiveSummary> {
+  signal.throwIfAborted();
+  const port = request((p) => ({ op: 'upload', entries, target, port: p }));
+  return new Promise<ArchiveSummary>((resolve, reject) => {
+    const onAbort = () => {
+      reject(signal.reason);
+      port.close();
+    };
+    signal.addEventListener('abort', onAbort, { once: true });
+    port.on('message', (reply: BuilderReply) => {
+      if (reply.type === 'end') resolve(reply.summary);
+      else if (reply.type === 'error' && reply.statusCode !== undefined) reject(Object.assign(new Error(reply.message), { statusCode: reply.statusCode }));
+      else reject(builderError(reply.type === 'error' ? reply.message : `unexpected reply ${reply.type}`));
+      signal.removeEventListener('abort', onAbort);
+      port.close();
+    });
+    port.once('close', () => reject(builderError('the thread stopped before the upload ended')));
+  });
+}
+
 export interface ArchiveStream {
   /** The archive bytes; destroying it stops the build. */
   stream: Readable;
@@ -75,8 +100,9 @@ export interface ArchiveStream {
 }
 
 /** Write the planned archive in the builder thread, as a stream. */
-export function archiveOffThread(entries: PlannedEntry[]): ArchiveStream {
-  const port = request((p) => ({ op: 'archive', entries, port: p }));
+export function archiveOffThread(entries: PlannedEntry[], digest: boolean): ArchiveStream {
+  const port = request((p) => ({ op: 'archive', entries, digest, port: p }));
+  /** Bytes pushed while the consumer was behind: acknowledged when it asks for more. */
   let unacked = 0;
   let finished = false;
   let settle!: { resolve: (s: ArchiveSummary) => void; reject: (e: Error) => void };
@@ -103,9 +129,10 @@ export function archiveOffThread(entries: PlannedEntry[]): ArchiveStream {
   });
   port.on('message', (reply: BuilderReply) => {
     if (reply.type === 'data') {
-      const buf = Buffer.from(reply.chunk.buffer, reply.chunk.byteOffset, reply.chunk.byteLength);
-      if (stream.push(buf)) ack(buf.length);
-      else unacked += buf.length;
+      // The memory was moved here, not copied: wrap it as it is.
+      const bytes = Buffer.from(reply.buffer);
+      if (stream.push(bytes)) ack(bytes.length);
+      else unacked += bytes.length;
     } else if (reply.type === 'end') {
       finished = true;
       settle.resolve(reply.summary);

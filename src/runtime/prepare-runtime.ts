@@ -132,6 +132,9 @@ export async function prepareRuntime(deps: RuntimeDeps, inputs: RuntimeInputs, o
   const started = performance.now();
   checkRuntimeInputs(inputs);
   const { trustReadyMs = 30_000 } = opts;
+  // The engine id names the install lock; ask for it (once per client) while the inputs are hashed.
+  const engine = engineId(deps.docker, { timeoutMs: opts.callTimeoutMs ?? 30_000 });
+  engine.catch(() => undefined);
   const hashedInputs = await hashed(inputs);
   const { generationId } = hashedInputs;
   const volumeName = runtimeVolumeName(deps.prefix, generationId);
@@ -190,36 +193,34 @@ async function ensureInstalled(
   const deadline = Date.now() + timeoutMs;
   const log = deps.log.child({ generationId: id, volumeName });
   let waitedLogged = false;
-  const markReady = async () => {
-    const info = await inspectVolume(deps.docker, volumeName, { timeoutMs: callTimeoutMs });
-    if (info) perEngine(trustedReady, deps.docker).set(volumeName, { checkedAt: Date.now(), createdAt: info.createdAt });
-  };
+  const markReady = (createdAt: string) => perEngine(trustedReady, deps.docker).set(volumeName, { checkedAt: Date.now(), createdAt });
 
   for (;;) {
     signal?.throwIfAborted();
-    if ((await volumeState(vdeps, ref, helperImage)) === 'ready') {
-      await markReady();
+    const seen = await volumeState(vdeps, ref, helperImage);
+    if (seen.state === 'ready') {
+      markReady(seen.info.createdAt);
       return { warm: true, bytesCopied: 0 };
     }
     const lock = await tryLock(deps.redis, key, lockTtlMs, log);
     if (lock) {
       try {
         // Check again under the lock: the previous holder may have finished in between.
-        const state = await volumeState(vdeps, ref, helperImage);
-        if (state === 'ready') {
-          await markReady();
+        const now = await volumeState(vdeps, ref, helperImage);
+        if (now.state === 'ready') {
+          markReady(now.info.createdAt);
           return { warm: true, bytesCopied: 0 };
         }
-        if (state === 'partial') {
+        if (now.state === 'partial') {
           // Not ready and nobody holds the lock: abandoned mid-install (or never ours). Never use it.
           log.warn('discarding a half-installed runtime volume');
           await discardVolume(vdeps, volumeName);
         }
         const installStarted = performance.now();
-        const bytesCopied = await installGeneration(vdeps, { ref, hashed: hashedInputs, inputs, helperImage, lock });
-        log.info({ bytesCopied, installMs: Math.round(performance.now() - installStarted) }, 'runtime generation installed');
-        await markReady();
-        return { warm: false, bytesCopied };
+        const installed = await installGeneration(vdeps, { ref, hashed: hashedInputs, inputs, helperImage, lock });
+        log.info({ bytesCopied: installed.bytesCopied, installMs: Math.round(performance.now() - installStarted) }, 'runtime generation installed');
+        markReady(installed.createdAt);
+        return { warm: false, bytesCopied: installed.bytesCopied };
       } finally {
         await lock.release().catch((err: unknown) => log.warn({ err: (err as Error).message }, 'releasing the runtime install lock failed'));
       }

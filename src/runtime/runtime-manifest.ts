@@ -11,9 +11,12 @@ import type { RuntimeInput, RuntimeInputs, RuntimeMode } from './runtime-inputs.
  */
 export const FORMAT_VERSION = 1;
 
-export interface ManifestEntry extends FileDigest {
+export interface ManifestEntry {
   path: string;
   mode: RuntimeMode;
+  size: number;
+  /** Hex sha256 of the content. */
+  sha256: string;
 }
 
 export interface RuntimeManifest {
@@ -27,6 +30,8 @@ export interface HashedInputs {
   manifest: RuntimeManifest;
   /** Total bytes of the input files (not of the archive). */
   inputBytes: number;
+  /** Stat identity of each host file when it was hashed, by runtime path (not part of the id). */
+  identities: Record<string, string>;
 }
 
 const byPath = (a: { path: string }, b: { path: string }): number => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
@@ -44,16 +49,23 @@ export function manifestOf(inputs: RuntimeInputs, digests: readonly FileDigest[]
     .map((input, i) => ({ path: input.path, mode: input.mode, size: digests[i]!.size, sha256: digests[i]!.sha256 }))
     .sort(byPath);
   const manifest = { formatVersion: FORMAT_VERSION, files };
+  const identities: Record<string, string> = {};
+  inputs.forEach((input, i) => {
+    const identity = digests[i]!.identity;
+    if (identity !== undefined) identities[input.path] = identity;
+  });
   // A few hundred bytes of text: hashing it on the main thread costs microseconds.
   const generationId = createHash('sha256').update(canonicalManifest(manifest)).digest('hex');
-  return { generationId, manifest, inputBytes: files.reduce((sum, f) => sum + f.size, 0) };
+  return { generationId, manifest, inputBytes: files.reduce((sum, f) => sum + f.size, 0), identities };
 }
 
 /**
  * Every entry of the archive, in order: sorted paths, each folder (0755) before what it holds (its
- * path is a prefix of theirs), files with their manifest mode, size and sha256.
+ * path is a prefix of theirs), files with their manifest mode, size and sha256, host files with the
+ * stat identity they had when hashed.
  */
-export function archivePlan(inputs: RuntimeInputs, manifest: RuntimeManifest): PlannedEntry[] {
+export function archivePlan(inputs: RuntimeInputs, hashed: HashedInputs): PlannedEntry[] {
+  const { manifest } = hashed;
   const byInputPath = new Map<string, RuntimeInput>(inputs.map((i) => [i.path, i]));
   const dirs = new Set<string>();
   for (const f of manifest.files) {
@@ -67,7 +79,7 @@ export function archivePlan(inputs: RuntimeInputs, manifest: RuntimeManifest): P
   for (const f of manifest.files) {
     const input = byInputPath.get(f.path);
     if (input === undefined) throw new TypeError(`manifest file ${f.path} is not among the inputs`);
-    const from = 'source' in input ? { source: input.source } : { content: input.content };
+    const from = 'source' in input ? { source: input.source, identity: hashed.identities[f.path] } : { content: input.content };
     entries.push({ path: f.path, entry: { type: 'file', name: f.path, mode: f.mode, size: f.size, sha256: f.sha256, ...from } });
   }
   return entries.sort(byPath).map((e) => e.entry);

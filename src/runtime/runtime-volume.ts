@@ -5,7 +5,7 @@ import type { Readable } from 'node:stream';
 import tar from 'tar-stream';
 import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
-import type { Docker } from '../sandbox/docker-client.ts';
+import { dockerCall, type Docker } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import {
   containersUsingVolume,
@@ -13,10 +13,12 @@ import {
   inspectVolume,
   removeVolume,
   withVolumeContainer,
+  type VolumeContainer,
   type VolumeContainerSpec,
+  type VolumeInfo,
 } from '../sandbox/volumes.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
-import { runtimeArchive } from './build-archive.ts';
+import { runtimeArchive, uploadRuntimeArchive } from './build-archive.ts';
 import type { HeldLock } from './generation-lock.ts';
 import { READY_MARKER, RUNTIME_MOUNT_PATH, type RuntimeInputs } from './runtime-inputs.ts';
 import type { HashedInputs } from './runtime-manifest.ts';
@@ -37,7 +39,9 @@ export function runtimeVolumeLabels(prefix: string, generationId: string): Recor
   return { [LABEL.managed]: '1', [LABEL.runtimeGeneration]: generationId, [LABEL.prefix]: prefix };
 }
 
-export type VolumeState = 'absent' | 'ready' | 'partial';
+export type VolumeState =
+  | { state: 'absent' }
+  | { state: 'ready' | 'partial'; info: VolumeInfo };
 
 /** One generation's volume for one fleet. */
 export interface VolumeRef {
@@ -63,11 +67,11 @@ function helperSpec(ref: VolumeRef, role: 'install' | 'probe', image: string): V
  */
 export async function volumeState(deps: VolumeDeps, ref: VolumeRef, helperImage: string): Promise<VolumeState> {
   const info = await inspectVolume(deps.docker, ref.volumeName, { timeoutMs: deps.callTimeoutMs });
-  if (info === undefined) return 'absent';
-  if (info.labels[LABEL.runtimeGeneration] !== ref.generationId) return 'partial';
+  if (info === undefined) return { state: 'absent' };
+  if (info.labels[LABEL.runtimeGeneration] !== ref.generationId) return { state: 'partial', info };
   // A probe racing a discard may find its container removed under it (404): not ready either way.
   const ready = await withVolumeContainer(deps, helperSpec(ref, 'probe', helperImage), (c) => c.exists(READY_MARKER));
-  return ready ? 'ready' : 'partial';
+  return { state: ready ? 'ready' : 'partial', info };
 }
 
 /**
@@ -112,38 +116,57 @@ export interface InstallRequest {
   lock: HeldLock;
 }
 
+export interface Installed {
+  /** Bytes sent to the engine: the archive and the marker. */
+  bytesCopied: number;
+  /** The volume's creation time, as the engine reports it. */
+  createdAt: string;
+}
+
 /**
  * Fill a fresh volume: create it (labelled), stream the archive into a never-started container that
- * mounts it, and write the ready marker LAST, only while the lock is still ours. Returns the bytes sent.
+ * mounts it, and write the ready marker LAST, only while the lock is still ours. The archive goes from
+ * the builder thread straight to the engine when the client allows (Unix socket or plain HTTP), else
+ * through this thread as a stream.
  */
-export async function installGeneration(deps: VolumeDeps, req: InstallRequest): Promise<number> {
+export async function installGeneration(deps: VolumeDeps, req: InstallRequest): Promise<Installed> {
   const { ref, hashed, lock } = req;
   const { volumeName } = ref;
   const id = hashed.generationId;
   const labels = runtimeVolumeLabels(ref.prefix, id);
   const call = { timeoutMs: deps.callTimeoutMs };
   await createVolume(deps.docker, volumeName, labels, call);
-  // A probe that raced a discard can make Docker create the volume itself, unlabelled: start over.
-  const info = await inspectVolume(deps.docker, volumeName, call);
-  if (info?.labels[LABEL.runtimeGeneration] !== id) {
-    await discardVolume(deps, volumeName);
-    await createVolume(deps.docker, volumeName, labels, call);
-  }
   return withVolumeContainer(deps, helperSpec(ref, 'install', req.helperImage), async (container) => {
-    const archive = runtimeArchive(req.inputs, hashed.manifest);
-    let builderError: unknown;
-    archive.summary.catch((err: unknown) => (builderError = err));
-    try {
-      await container.putArchive(archive.stream as Readable, lock.signal);
-    } catch (err) {
-      archive.stream.destroy();
-      // The builder's own error (an input changed or is unreadable) says more than the engine's.
-      throw builderError ?? err;
+    // A probe that raced a discard can make Docker create the volume itself, unlabelled: refuse it.
+    const info = await inspectVolume(deps.docker, volumeName, call);
+    if (info?.labels[LABEL.runtimeGeneration] !== id) {
+      throw new FleetError('runtime_unavailable', `runtime volume ${volumeName} was recreated without its labels while being installed`);
     }
-    const { bytes } = await archive.summary;
+    const target = container.uploadTarget();
+    const { bytes } = target
+      ? await dockerCall('put archive into volume', { timeoutMs: deps.callTimeoutMs, signal: lock.signal }, (abortSignal) =>
+          uploadRuntimeArchive(req.inputs, hashed, target, abortSignal),
+        )
+      : await relayArchive(container, req.inputs, hashed, lock.signal);
     if (!(await lock.stillHeld())) throw new FleetError('runtime_unavailable', `lost the install lock of ${volumeName} before its ready marker`);
     const marker = await markerArchive(id);
     await container.putArchive(marker, lock.signal);
-    return bytes + marker.length;
+    return { bytesCopied: bytes + marker.length, createdAt: info.createdAt };
   });
+}
+
+/** The archive built in the builder thread, streamed through this thread into the container. */
+async function relayArchive(container: VolumeContainer, inputs: RuntimeInputs, hashed: HashedInputs, signal: AbortSignal) {
+  const archive = runtimeArchive(inputs, hashed);
+  let builderError: unknown;
+  archive.summary.catch((err: unknown) => (builderError = err));
+  try {
+    await container.putArchive(archive.stream as Readable, signal);
+  } catch (err) {
+    // The builder's own error (an input changed or is unreadable) says more than the engine's.
+    throw builderError ?? err;
+  } finally {
+    archive.stream.destroy();
+  }
+  return archive.summary;
 }

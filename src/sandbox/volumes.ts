@@ -5,6 +5,7 @@ import type { Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
+import type { EngineAddress, UploadTarget } from './archive-upload.js';
 import { dockerCall, type CallOptions } from './docker-client.ts';
 import { removeContainer } from './sandbox-session.ts';
 
@@ -92,6 +93,21 @@ export interface VolumeContainer {
   putArchive(archive: Readable | Buffer, signal?: AbortSignal): Promise<void>;
   /** Whether `relPath` exists in the volume. */
   exists(relPath: string): Promise<boolean>;
+  /**
+   * Where another thread can PUT an archive into the volume itself (archive-upload.js), or undefined
+   * when the client reaches the engine other than by Unix socket or plain HTTP.
+   */
+  uploadTarget(): UploadTarget | undefined;
+}
+
+/** The engine's address as the client reaches it, for code that cannot hold the client (another thread). */
+export function engineAddress(docker: Docker): { address: EngineAddress; apiVersion?: string } | undefined {
+  const modem = docker.modem as { socketPath?: unknown; host?: unknown; port?: unknown; protocol?: unknown; version?: unknown; headers?: Record<string, string> };
+  if (modem.headers && Object.keys(modem.headers).length > 0) return undefined;
+  const apiVersion = typeof modem.version === 'string' && modem.version !== '' ? { apiVersion: modem.version } : {};
+  if (typeof modem.socketPath === 'string') return { address: { socketPath: modem.socketPath }, ...apiVersion };
+  if (modem.protocol === 'http' && typeof modem.host === 'string') return { address: { host: modem.host, port: Number(modem.port ?? 2375) }, ...apiVersion };
+  return undefined;
 }
 
 export interface VolumeContainerDeps {
@@ -131,6 +147,10 @@ export async function withVolumeContainer<T>(
       await dockerCall('put archive into volume', { timeoutMs: callTimeoutMs, signal }, (abortSignal) =>
         created.putArchive(archive as unknown as string, { path: spec.mountPath, abortSignal }),
       );
+    },
+    uploadTarget() {
+      const engine = engineAddress(docker);
+      return engine && { ...engine, containerId: created.id, path: spec.mountPath };
     },
     async exists(relPath) {
       try {

@@ -32,7 +32,7 @@ async function fakeRuntime(): Promise<{ dir: string; inputs: RuntimeInput[] }> {
 
 async function build(inputs: RuntimeInput[], onMainThread = false) {
   const hashed = await hashRuntimeInputs(inputs, { onMainThread });
-  const archive = runtimeArchive(inputs, hashed.manifest, { onMainThread });
+  const archive = runtimeArchive(inputs, hashed, { onMainThread, digest: true });
   const chunks: Buffer[] = [];
   for await (const chunk of archive.stream) chunks.push(chunk as Buffer);
   return { hashed, bytes: Buffer.concat(chunks), summary: await archive.summary };
@@ -96,11 +96,11 @@ describe('runtime archive', () => {
     const { dir, inputs } = await fakeRuntime();
     const hashed = await hashRuntimeInputs(inputs);
     await writeFile(path.join(dir, 'tool'), '#!/bin/sh\necho TOOL\n'); // same size, other bytes
-    const archive = runtimeArchive(inputs, hashed.manifest);
+    const archive = runtimeArchive(inputs, hashed);
     const read = (async () => {
       for await (const chunk of archive.stream) void chunk;
     })();
-    await expect(read).rejects.toThrow(/bin\/tool changed since it was hashed/);
+    await expect(read).rejects.toThrow(/bin\/tool changed while its generation was being built/);
     await expect(archive.summary).rejects.toBeInstanceOf(FleetError);
   });
 
