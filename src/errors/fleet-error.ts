@@ -20,6 +20,8 @@ export type FleetErrorCode =
   | 'docker_error'
   /** Redis failed under a running episode. */
   | 'redis_error'
+  /** The agent runtime generation could not be built or installed (inputs unreadable, install failed, wait too long). */
+  | 'runtime_unavailable'
   /** An error nobody classified: treated as infrastructure, so it is retried, never scored. */
   | 'unexpected'
   /** The worker holding the episode was lost (stalled job, killed process). */
@@ -50,6 +52,7 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
     case 'docker_timeout':
     case 'docker_error':
     case 'redis_error':
+    case 'runtime_unavailable':
     case 'unexpected':
     case 'worker_lost':
       return { kind: 'infra', retry: true };

@@ -69,3 +69,16 @@ export async function dockerCall<T>(
     if (onAbort) signal.removeEventListener('abort', onAbort);
   }
 }
+
+const engineIds = new WeakMap<Docker, Promise<string>>();
+
+/** The engine's own id (stable across restarts), asked once per client. Tells engines apart when hosts share Redis. */
+export function engineId(docker: Docker, opts: CallOptions): Promise<string> {
+  let id = engineIds.get(docker);
+  if (!id) {
+    id = dockerCall('engine info', opts, (abortSignal) => (docker.info as (opts: object) => Promise<{ ID: string }>).call(docker, { abortSignal })).then((info) => info.ID);
+    id.catch(() => engineIds.delete(docker));
+    engineIds.set(docker, id);
+  }
+  return id;
+}

@@ -8,6 +8,12 @@ export const LABEL = {
   batch: 'rollout-fleet.batch',
   worker: 'rollout-fleet.worker',
   attempt: 'rollout-fleet.attempt',
+  /** On runtime volumes and their installer and probe containers: the generation id. */
+  runtimeGeneration: 'rollout-fleet.runtime-generation',
+  /** On runtime volumes: the fleet's Redis key prefix, whose lock guards the volume. */
+  prefix: 'rollout-fleet.prefix',
+  /** On the never-started containers that fill or inspect a runtime volume: `install` or `probe`. */
+  runtimeRole: 'rollout-fleet.runtime-role',
 } as const;
 
 export interface SandboxOwner {

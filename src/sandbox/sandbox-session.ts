@@ -17,11 +17,21 @@ export const SANDBOX_USER = { uid: 1000, gid: 1000 } as const;
 /** How long a TERM-ed process tree gets before KILL. */
 const KILL_GRACE_MS = 2_000;
 
+/** A named volume mounted read-only into the sandbox (e.g. the runtime generation at /opt/rollout-fleet). */
+export interface VolumeMount {
+  /** Name of an existing volume; Docker would create a missing one empty, so pass only prepared ones. */
+  volumeName: string;
+  /** Absolute path inside the sandbox. */
+  target: string;
+}
+
 export interface SessionSpec {
   image: string;
   workdir: string;
   limits: Limits;
   owner: SandboxOwner;
+  /** Volumes mounted read-only. @default [] */
+  mounts?: VolumeMount[];
 }
 
 export interface SessionDeps {
@@ -123,6 +133,9 @@ export class SandboxSession {
           NanoCpus: Math.round(limits.cpus * 1e9),
           PidsLimit: limits.pids,
           AutoRemove: false,
+          Mounts: (spec.mounts ?? []).map((m) => ({
+            Type: 'volume', Source: m.volumeName, Target: m.target, ReadOnly: true, VolumeOptions: { NoCopy: true },
+          })),
         },
         abortSignal,
       } as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }),
