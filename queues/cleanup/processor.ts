@@ -5,6 +5,7 @@ import { UnrecoverableError } from 'bullmq';
 import type Docker from 'dockerode';
 import { reapOrphans, type ReapDeps, type ReapReport } from '../../src/cleanup/reap-orphans.ts';
 import { describeIssues } from '../../src/config/zod-issues.ts';
+import { removeStaleGenerations } from '../../src/runtime/remove-stale-generations.ts';
 import { removeContainer } from '../../src/sandbox/sandbox-session.ts';
 import { CleanupJob, REAP_JOB, REMOVE_SANDBOX_JOB, type CleanupResult } from './contract.ts';
 
@@ -12,11 +13,17 @@ export interface CleanupProcessorDeps extends ReapDeps {
   docker: Docker;
   /** Sandboxes younger than this are left to their worker even when they look orphaned. */
   reapMinAgeMs: number;
+  /** Runtime generations not prepared for this long (and mounted by nothing) are removed. */
+  runtimeMaxIdleMs: number;
 }
 
 export function cleanupProcessor(deps: CleanupProcessorDeps) {
-  return async (job: Job): Promise<CleanupResult | ReapReport> => {
-    if (job.name === REAP_JOB) return reapOrphans(deps, deps.reapMinAgeMs);
+  return async (job: Job): Promise<CleanupResult | (ReapReport & { staleGenerationsRemoved: string[] })> => {
+    if (job.name === REAP_JOB) {
+      const report = await reapOrphans(deps, deps.reapMinAgeMs);
+      const generations = await removeStaleGenerations(deps, { maxIdleMs: deps.runtimeMaxIdleMs, callTimeoutMs: deps.callTimeoutMs });
+      return { ...report, staleGenerationsRemoved: generations.removed };
+    }
     if (job.name !== REMOVE_SANDBOX_JOB) throw new UnrecoverableError(`unknown cleanup job ${JSON.stringify(job.name)}`);
     const parsed = CleanupJob.safeParse(job.data);
     if (!parsed.success) throw new UnrecoverableError(`invalid cleanup job: ${describeIssues(parsed.error, job.data).join('; ')}`);

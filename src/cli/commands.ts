@@ -1,6 +1,8 @@
 // The commands of the `rollout-fleet` CLI (but demo, in demo.ts). Each returns its exit code.
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
+import type { FleetConfig } from '../config/config.ts';
+import type { ModelSettings } from '../episode/run-episode.ts';
 import { enqueueBatch } from '../producer/enqueue-batch.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { formatSummary } from '../results/batch-summary.ts';
@@ -16,6 +18,18 @@ const positive = (name: string, value: string | undefined): number | undefined =
   if (!Number.isInteger(n) || n < 1) throw new UsageError(`--${name}: expected an integer from 1 up, got ${JSON.stringify(value)}`);
   return n;
 };
+
+export function modelSettings(config: FleetConfig, baseUrl: string): ModelSettings {
+  return {
+    baseUrl,
+    apiKey: config.MODEL_API_KEY,
+    name: config.MODEL_NAME,
+    maxCalls: config.MODEL_MAX_CALLS,
+    maxTokens: config.MODEL_MAX_TOKENS,
+    requestTimeoutMs: config.MODEL_REQUEST_TIMEOUT_MS,
+    upstreamRetries: config.MODEL_UPSTREAM_RETRIES,
+  };
+}
 
 export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
   const { values } = parseArgs({ args, options: { concurrency: { type: 'string' } } });
@@ -35,6 +49,8 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     lockDurationMs: config.FLEET_LOCK_DURATION_MS,
     drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS,
     retryBudgets: { infra: config.FLEET_INFRA_RETRIES, model: config.FLEET_MODEL_RETRIES },
+    runtimeMaxIdleMs: config.FLEET_RUNTIME_MAX_IDLE_MS,
+    ...(config.MODEL_BASE_URL !== undefined && { model: modelSettings(config, config.MODEL_BASE_URL) }),
   });
   const [signal] = await Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
   log.info({ signal, running: handle.running.size, drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS }, 'draining');

@@ -1,14 +1,13 @@
 // `rollout-fleet demo`: the main job on embedded defaults. Starts a private Redis when REDIS_URL is not
-// set, runs two worker processes, enqueues the example batch, waits, prints the summary, waits for the
-// cleanup queue to remove every sandbox, and stops everything it started.
+// set and the scripted policy server when MODEL_BASE_URL is not set, runs two worker processes,
+// enqueues the example batch (the reference LLM agent on every example task), waits, prints the
+// summary, waits for the cleanup queue to remove every sandbox, and stops everything it started.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { createWriteStream } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Queue } from 'bullmq';
-import { CLEANUP_QUEUE } from '../../queues/cleanup/contract.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import { enqueueBatch } from '../producer/enqueue-batch.ts';
 import { ResultsStore } from '../results/results-store.ts';
@@ -17,9 +16,11 @@ import { loadBatch } from '../tasks/load-task.ts';
 import { progressView, waitForBatch } from './progress.ts';
 import { UsageError, connectProducer, episodesQueue, flowProducer, imageChecker, type Cli } from './context.ts';
 import { startPrivateRedis, type PrivateRedis } from './private-redis.ts';
+import { startModelStub, type ModelStub } from '../model/model-stub.ts';
 
 const BIN = fileURLToPath(new URL('./bin.js', import.meta.url));
 const DEMO_BATCH = fileURLToPath(new URL('../../examples/demo-batch.yaml', import.meta.url));
+const EXAMPLE_TASKS = fileURLToPath(new URL('../../examples/tasks', import.meta.url));
 const DEMO_WORKERS = 2;
 
 async function poll(what: string, timeoutMs: number, check: () => Promise<boolean>): Promise<void> {
@@ -36,6 +37,7 @@ export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
     throw new UsageError(`no Docker engine answers at ${config.DOCKER_HOST} (${(err as Error).message}); run \`npm run demo\`, which starts one`);
   });
   let redis: PrivateRedis | undefined;
+  let stub: ModelStub | undefined;
   const workers: ChildProcess[] = [];
   try {
     if (config.REDIS_URL === undefined) {
@@ -43,13 +45,18 @@ export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
       process.stderr.write(`demo: private redis-server at ${redis.url}\n`);
     }
     const redisUrl = config.REDIS_URL ?? redis!.url;
+    if (config.MODEL_BASE_URL === undefined) {
+      stub = await startModelStub({ tasksDir: EXAMPLE_TASKS, listen: { port: 0, host: '127.0.0.1' }, log: log.child({ component: 'model-stub' }) });
+      process.stderr.write(`demo: no MODEL_BASE_URL, so the scripted policy server stands in for a model at ${stub.baseUrl}\n`);
+    }
+    const modelUrl = config.MODEL_BASE_URL ?? stub!.baseUrl!;
     const logDir = path.join(config.FLEET_DATA_DIR, 'logs');
     await mkdir(logDir, { recursive: true });
     for (let i = 0; i < DEMO_WORKERS; i++) {
       const logFile = createWriteStream(path.join(logDir, `demo-worker-${i}.log`));
       await once(logFile, 'open');
       const child = spawn(process.execPath, [BIN, 'worker'], {
-        env: { ...process.env, REDIS_URL: redisUrl, FLEET_DATA_DIR: config.FLEET_DATA_DIR, FLEET_WORKER_ID: `demo-worker-${i}` },
+        env: { ...process.env, REDIS_URL: redisUrl, MODEL_BASE_URL: modelUrl, FLEET_DATA_DIR: config.FLEET_DATA_DIR, FLEET_WORKER_ID: `demo-worker-${i}` },
         stdio: ['ignore', logFile, logFile],
       });
       workers.push(child);
@@ -59,7 +66,6 @@ export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
     const producer = await connectProducer(redisUrl);
     const queue = episodesQueue(producer, config.FLEET_PREFIX);
     const flows = flowProducer(producer, config.FLEET_PREFIX);
-    const cleanup = new Queue(CLEANUP_QUEUE, { connection: producer, prefix: config.FLEET_PREFIX });
     try {
       const results = new ResultsStore(producer, config.FLEET_PREFIX, config.FLEET_DATA_DIR);
       const plan = await enqueueBatch(await loadBatch(DEMO_BATCH), {
@@ -67,19 +73,16 @@ export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
       });
       process.stderr.write(`demo: enqueued batch ${plan.batchId} (${plan.jobs.length} episodes)\n`);
       const summary = await waitForBatch(results, queue, plan.batchId, progressView(process.stderr));
-      await poll('the cleanup queue to remove every sandbox', 120_000, async () => {
-        const counts = await cleanup.getJobCounts('waiting', 'active', 'delayed', 'prioritized');
-        const left = await docker.listContainers({ all: true, filters: { label: [`${LABEL.batch}=${plan.batchId}`] } });
-        return Object.values(counts).every((n) => n === 0) && left.length === 0;
-      });
+      await poll('the cleanup queue to remove every sandbox', 120_000, async () =>
+        (await docker.listContainers({ all: true, filters: { label: [`${LABEL.batch}=${plan.batchId}`] } })).length === 0);
       for (const r of await results.results(plan.batchId)) {
         const extra = r.error ? ` ${r.error.kind}/${r.error.code}` : '';
-        process.stdout.write(`  ${r.status.padEnd(8)} reward ${r.reward ?? '-'}  ${r.episodeId}${extra}  (${r.timings.totalMs} ms)\n`);
+        const tokens = r.usage ? `, ${r.usage.totalTokens} tokens` : '';
+        process.stdout.write(`  ${r.status.padEnd(8)} reward ${r.reward ?? '-'}  ${r.episodeId}${extra}  (${r.timings.totalMs} ms${tokens})\n`);
       }
       process.stdout.write(`${formatSummary(summary)}\n  results in ${path.join(config.FLEET_DATA_DIR, 'results', plan.batchId)}\n`);
       return summary.byStatus.error === 0 ? 0 : 1;
     } finally {
-      await cleanup.close();
       await flows.close();
       await queue.close();
       await producer.quit();
@@ -91,6 +94,7 @@ export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
         await once(w, 'exit');
       }
     }));
+    await stub?.close();
     await redis?.stop();
   }
 }

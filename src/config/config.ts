@@ -67,6 +67,8 @@ export const FleetConfig = z.object({
   MODEL_REQUEST_TIMEOUT_MS: positiveInt.default(300_000),
   /** The proxy's further attempts of one call after a connection error, timeout, 429 or 5xx, with backoff (episode retries are separate). @default 3 */
   MODEL_UPSTREAM_RETRIES: z.coerce.number().int().min(0).max(10).default(3),
+  /** Runtime generations that no sandbox used for this long are removed by the reaper. @default 604800000 (7 days) */
+  FLEET_RUNTIME_MAX_IDLE_MS: positiveInt.default(7 * 24 * 3600 * 1000),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   /** Dashboard user for HTTP Basic auth; without it (and the password) only `--local-only` starts. */
   FLEET_DASHBOARD_USER: z.string().min(1).optional(),

@@ -1,6 +1,8 @@
 // One episode attempt, start to finish: seed ONE sandbox session, copy the workspace in, run the agent
 // under its ceiling, copy the hidden tests in and verify, then a bounded close: evidence first, then
 // the sandbox is handed to the cleanup queue. Every failure becomes a result with a kind, or a retry.
+import { createHash } from 'node:crypto';
+import { rm } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import type Docker from 'dockerode';
@@ -17,6 +19,8 @@ import { SANDBOX_USER, SandboxSession, removeContainer, type ExecResult } from '
 import type { TaskArchive } from '../tasks/task-archive.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import { agentCeilingSec } from '../tasks/task-spec.ts';
+import { MODEL_CALLS_FILE, modelSocketPath, startModelProxy, type ModelProxy } from '../model/model-proxy.ts';
+import type { RuntimeGeneration } from '../runtime/prepare-runtime.ts';
 import type { EpisodeControl } from './episode-control.ts';
 
 /** Where the hidden tests are copied for verification, after the agent stopped. */
@@ -37,6 +41,23 @@ export interface EpisodeDeps {
   snapshotLimits: ExtractLimits;
   /** Hand a sandbox to the cleanup queue. */
   scheduleCleanup(episodeId: string, containerId: string): Promise<void>;
+  /** The runtime generation every sandbox mounts read-only (installed once per engine, then warm). */
+  prepareRuntime(signal: AbortSignal): Promise<RuntimeGeneration>;
+  /** Holds per-episode folders (the model proxy's socket), bind-mounted at the same path. */
+  dataDir: string;
+  /** The model endpoint behind every episode's proxy; unset, agents that need a model fail (kind model). */
+  model: ModelSettings | undefined;
+}
+
+export interface ModelSettings {
+  baseUrl: string;
+  apiKey?: string | undefined;
+  /** Forces the model name of every request. */
+  name?: string | undefined;
+  maxCalls: number;
+  maxTokens: number;
+  requestTimeoutMs: number;
+  upstreamRetries: number;
 }
 
 export interface EpisodeAttempt {
@@ -75,6 +96,8 @@ const summary = (run: AgentRun | ExecResult) => ({ exitCode: run.exitCode, timed
 
 interface Attempt {
   archive?: TaskArchive;
+  runtime?: RuntimeGeneration;
+  proxy?: ModelProxy;
   containerId?: string;
   session?: SandboxSession;
   agentRun?: AgentRun;
@@ -131,7 +154,9 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
     workerId: deps.workerId,
     timings,
     provenance: { taskDigest: job.taskDigest, image: task.image, ...(state.imageId && { imageId: state.imageId }), agent: job.agent },
+    ...(state.runtime && { runtime: { generationId: state.runtime.generationId, warm: state.runtime.warm, prepareMs: state.runtime.prepareMs } }),
     ...(state.agentRun && { agent: summary(state.agentRun) }),
+    ...(state.agentRun?.usage && { usage: state.agentRun.usage }),
     ...(state.verifyRun && { verifier: summary(state.verifyRun) }),
     ...(oomKilled !== undefined && { oomKilled }),
     startedAt: startedAt.toISOString(),
@@ -158,6 +183,10 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
     new FleetError('docker_timeout', `set-up passed its reserve of ${task.reserves.setupSec}s`));
   const archive = await getTaskArchive(deps.redis, deps.prefix, job.taskDigest);
   state.archive = archive;
+  const runtime = await deps.prepareRuntime(setupSignal);
+  state.runtime = runtime;
+  const needsModel = job.agent.kind === 'llm';
+  if (needsModel) state.proxy = await startEpisodeProxy(attempt, deps, log);
   const session = await SandboxSession.open(
     { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
     {
@@ -165,6 +194,8 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
       workdir: task.workdir,
       limits: task.limits,
       owner: { fleet: deps.prefix, episodeId: job.episodeId, batchId: job.batchId, workerId: deps.workerId, attempt: attempt.attempt },
+      mounts: [runtime.mount],
+      bindFolders: state.proxy ? [path.dirname(state.proxy.socketPath)] : [],
     },
     (id) => {
       state.containerId = id;
@@ -175,12 +206,23 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
   state.imageId = session.imageId;
   await session.putArchive(await archive.partAsTar('workspace', task.workdir, SANDBOX_USER), '/', setupSignal);
   timings.setupMs = since(tSetup);
-  log.info({ containerId: state.containerId, setupMs: timings.setupMs }, 'sandbox ready');
+  log.info({ containerId: state.containerId, setupMs: timings.setupMs, runtime: runtime.generationId.slice(0, 12), warm: runtime.warm }, 'sandbox ready');
 
   // The agent, under its ceiling: the deadline minus the set-up, verification and close reserves.
   const ceilingMs = agentCeilingSec(task) * 1000;
-  const agentRun = await createAgent(job.agent).run({ session, task, archive, ceilingMs, outputCapBytes: deps.outputCapBytes, signal });
+  const agentRun = await createAgent(job.agent).run({
+    session, task, archive, ceilingMs, outputCapBytes: deps.outputCapBytes, signal,
+    runtimeMountPath: runtime.mountPath,
+    ...(state.proxy && { modelSocket: state.proxy.socketPath }),
+  }).catch((err: unknown) => {
+    // An agent that crashed still leaves its output as evidence.
+    const crashed = (err as { agentRun?: AgentRun }).agentRun;
+    if (crashed) state.agentRun = crashed;
+    throw err;
+  });
   state.agentRun = agentRun;
+  // The model is for the agent only: the verifier runs with the proxy gone.
+  await state.proxy?.close();
   timings.agentMs = agentRun.durationMs;
   log.info({ exitCode: agentRun.exitCode, timedOut: agentRun.timedOut, agentMs: agentRun.durationMs }, 'agent stopped');
   if (signal.aborted) throw signal.reason;
@@ -239,6 +281,7 @@ async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
     ]);
   };
   const budget = new Promise<'budget'>((resolve) => closeSignal.addEventListener('abort', () => resolve('budget'), { once: true }));
+  await state.proxy?.close().catch((err: unknown) => log.warn({ err: String(err) }, 'closing the model proxy failed'));
   const collected = await Promise.race([collect().then(() => 'done' as const, (err: unknown) => {
     log.warn({ err: String(err) }, 'collecting evidence failed');
     return 'failed' as const;
@@ -253,7 +296,33 @@ async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
         log.error({ containerId: id, err: String(e) }, 'sandbox not removed; the reaper will find it by its labels'));
     });
   }
+  // Last: the engine resolves the sandbox's bind mounts for every archive call, so the proxy's
+  // (now empty) folder stays until nothing more is read from the sandbox.
+  if (state.proxy) await rm(path.dirname(state.proxy.socketPath), { recursive: true, force: true }).catch(() => undefined);
   return oomKilled;
 }
 
 const capInfo = (o: { totalBytes: number; truncated: boolean; capBytes: number }) => ({ totalBytes: o.totalBytes, truncated: o.truncated, capBytes: o.capBytes });
+
+/** The episode's model proxy: the sandbox's one way out, to the configured endpoint only. */
+async function startEpisodeProxy(attempt: EpisodeAttempt, deps: EpisodeDeps, log: Logger): Promise<ModelProxy> {
+  const { job } = attempt;
+  if (deps.model === undefined) {
+    throw new FleetError('model_error', `agent ${job.agent.kind} needs a model, and MODEL_BASE_URL is not set on worker ${deps.workerId}`);
+  }
+  // A short folder name: a Unix socket path must stay under 108 bytes.
+  const folderId = createHash('sha256').update(`${job.episodeId}/${attempt.attempt}`).digest('hex').slice(0, 16);
+  return startModelProxy({
+    socketPath: modelSocketPath(deps.dataDir, folderId),
+    upstreamBaseUrl: deps.model.baseUrl,
+    apiKey: deps.model.apiKey,
+    model: deps.model.name,
+    budget: { maxCalls: deps.model.maxCalls, maxTokens: deps.model.maxTokens },
+    evidenceFile: path.join(deps.evidence.folder(job.episodeId, attempt.attempt), MODEL_CALLS_FILE),
+    episodeId: job.episodeId,
+    taskId: job.task.id,
+    log,
+    requestTimeoutMs: deps.model.requestTimeoutMs,
+    retry: { retries: deps.model.upstreamRetries },
+  });
+}

@@ -32,6 +32,8 @@ export interface SessionSpec {
   owner: SandboxOwner;
   /** Volumes mounted read-only. @default [] */
   mounts?: VolumeMount[];
+  /** Host folders bind-mounted read-only at the same path (the model proxy's socket folder). @default [] */
+  bindFolders?: string[];
 }
 
 export interface SessionDeps {
@@ -133,9 +135,13 @@ export class SandboxSession {
           NanoCpus: Math.round(limits.cpus * 1e9),
           PidsLimit: limits.pids,
           AutoRemove: false,
-          Mounts: (spec.mounts ?? []).map((m) => ({
-            Type: 'volume', Source: m.volumeName, Target: m.target, ReadOnly: true, VolumeOptions: { NoCopy: true },
-          })),
+          Mounts: [
+            ...(spec.mounts ?? []).map((m) => ({
+              Type: 'volume' as const, Source: m.volumeName, Target: m.target, ReadOnly: true, VolumeOptions: { NoCopy: true },
+            })),
+            // Same path inside and out: also right when the worker itself runs in a container.
+            ...(spec.bindFolders ?? []).map((folder) => ({ Type: 'bind' as const, Source: folder, Target: folder, ReadOnly: true })),
+          ],
         },
         abortSignal,
       } as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }),

@@ -14,7 +14,13 @@ import { CLEANUP_QUEUE, CleanupJob, REAPER_SCHEDULER_ID, REAP_JOB, REMOVE_SANDBO
 import { cleanupProcessor } from '../../queues/cleanup/processor.ts';
 import { EPISODES_QUEUE, episodeBackoffMs } from '../../queues/episodes/contract.ts';
 import { RetryableEpisodeError, episodeProcessor, type RetryBudgets } from '../../queues/episodes/processor.ts';
+import path from 'node:path';
+import { REFERENCE_AGENT_PATH } from '../agent/llm-agent.ts';
+import { bundleReferenceAgent } from '../agent/reference/bundle-agent.ts';
 import { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
+import type { ModelSettings } from '../episode/run-episode.ts';
+import { prepareRuntime } from '../runtime/prepare-runtime.ts';
+import { defaultRuntimeInputs, type RuntimeInputs } from '../runtime/runtime-inputs.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
 import { resultWithoutRun } from '../episode/episode-result.ts';
 import { RunningEpisodes } from '../episode/running-episodes.ts';
@@ -45,6 +51,10 @@ export interface WorkerOptions {
   retryBudgets?: RetryBudgets;
   /** @default 16 MiB total, 4 MiB per file, 2000 files */
   snapshotLimits?: ExtractLimits;
+  /** The model endpoint behind every episode's proxy; unset, llm episodes fail with kind model. */
+  model?: ModelSettings;
+  /** Runtime generations no sandbox used for this long are removed by the reaper. @default 7 days */
+  runtimeMaxIdleMs?: number;
 }
 
 export interface WorkerHandle {
@@ -69,6 +79,17 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   for (const c of [connection, subscriber]) c.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
 
   const results = new ResultsStore(connection, prefix, opts.dataDir);
+  // The runtime's inputs (node, its libraries, the bundled reference agent) are gathered once.
+  let inputs: Promise<RuntimeInputs> | undefined;
+  const runtimeInputs = () => {
+    inputs ??= (async () => {
+      const agent = await bundleReferenceAgent(path.join(opts.dataDir, 'runtime-src', 'reference-agent.mjs'));
+      return defaultRuntimeInputs([{ source: agent, path: REFERENCE_AGENT_PATH, mode: 0o644 }]);
+    })();
+    inputs.catch(() => (inputs = undefined));
+    return inputs;
+  };
+  const runtimeDeps = { docker, redis: connection, prefix, log };
   const evidence = new EvidenceStore(opts.dataDir);
   const control = new EpisodeControl(connection, prefix);
   const running = new RunningEpisodes();
@@ -105,6 +126,9 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       callTimeoutMs: opts.callTimeoutMs,
       outputCapBytes: opts.outputCapBytes,
       snapshotLimits,
+      dataDir: opts.dataDir,
+      model: opts.model,
+      prepareRuntime: async (signal) => prepareRuntime(runtimeDeps, await runtimeInputs(), { callTimeoutMs: opts.callTimeoutMs, signal }),
       async scheduleCleanup(episodeId, containerId) {
         const data: CleanupJob = CleanupJob.parse({ episodeId, containerId });
         await cleanupQueue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
@@ -114,7 +138,10 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   );
   const cleanup = new Worker(
     CLEANUP_QUEUE,
-    cleanupProcessor({ docker, redis: connection, prefix, results, evidence, log, callTimeoutMs: opts.callTimeoutMs, salvageLimits: snapshotLimits, reapMinAgeMs: 0 }),
+    cleanupProcessor({
+      docker, redis: connection, prefix, results, evidence, log, callTimeoutMs: opts.callTimeoutMs, salvageLimits: snapshotLimits, reapMinAgeMs: 0,
+      runtimeMaxIdleMs: opts.runtimeMaxIdleMs ?? 7 * 24 * 3600 * 1000,
+    }),
     { ...workerOpts, concurrency: 4 },
   );
   const batches = new Worker(BATCHES_QUEUE, batchProcessor(results), { ...workerOpts, concurrency: 2 });

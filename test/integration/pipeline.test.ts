@@ -40,7 +40,7 @@ describe('episode pipeline', () => {
   });
 
   it('runs every episode exactly once with the right reward and leaves no container', async () => {
-    const run = await runCli(['enqueue', path.join(EXAMPLES, 'demo-batch.yaml'), '--json'], env.env);
+    const run = await runCli(['enqueue', path.join(EXAMPLES, 'oracle-batch.yaml'), '--json'], env.env);
     expect(run.stderr).toBe('');
     expect(run.code).toBe(0);
     const out = JSON.parse(run.stdout) as { batchId: string; episodes: number; added: boolean };
@@ -88,7 +88,7 @@ describe('episode pipeline', () => {
 
   it('adds nothing when the same batch is enqueued again', async () => {
     const before = await env.episodes.getJobCounts();
-    const run = await runCli(['enqueue', path.join(EXAMPLES, 'demo-batch.yaml')], env.env);
+    const run = await runCli(['enqueue', path.join(EXAMPLES, 'oracle-batch.yaml')], env.env);
     expect(run.code).toBe(0);
     expect(run.stdout.trim()).toBe(batchId);
     expect(run.stderr).toBe(`batch ${batchId} was enqueued before; nothing added\n`);

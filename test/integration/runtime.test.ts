@@ -183,7 +183,7 @@ describe('runtime generations', () => {
     const prefix = newPrefix('sandbox');
     const generation = await prepareRuntime(depsFor(prefix), await defaultRuntimeInputs());
     expect(generation.mount).toEqual({ volumeName: generation.volumeName, target: RUNTIME_MOUNT_PATH });
-    const owner = { episodeId: `runtime-${env.prefix}`, batchId: `runtime-${env.prefix}`, workerId: 'runtime-test', attempt: 1 };
+    const owner = { fleet: env.prefix, episodeId: `runtime-${env.prefix}`, batchId: `runtime-${env.prefix}`, workerId: 'runtime-test', attempt: 1 };
     const session = await SandboxSession.open(
       { docker, log: silentLog, callTimeoutMs: 30_000 },
       { image: DEFAULT_IMAGE, workdir: '/workspace', limits: { memoryMb: 256, cpus: 1, pids: 64 }, owner, mounts: [generation.mount] },
