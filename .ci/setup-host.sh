@@ -13,6 +13,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 need_pkgs=()
 command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
+command -v patchelf >/dev/null 2>&1 || need_pkgs+=(patchelf)
 command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
 [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx patch || need_pkgs+=(busybox-static)
 [ -x /usr/bin/chromium ] || need_pkgs+=(chromium)

@@ -3,12 +3,15 @@
 // with a fixed mode. Inputs are plain data so they can cross into the builder's worker thread.
 import { execFile } from 'node:child_process';
 import { stat } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
+import { portableNodeBinary } from './portable-node.ts';
 import { promisify } from 'node:util';
 import { FleetError } from '../errors/fleet-error.ts';
 
 /** Where sandboxes see the runtime (read-only). */
-export const RUNTIME_MOUNT_PATH = '/opt/rollout-fleet';
+export { RUNTIME_MOUNT_PATH } from './portable-node.ts';
+import { RUNTIME_MOUNT_PATH } from './portable-node.ts';
 
 /** File modes a runtime may hold: files are root's and readable by all; executables also run for all. */
 export type RuntimeMode = 0o644 | 0o755;
@@ -94,9 +97,9 @@ export function checkRuntimeInputs(inputs: RuntimeInputs): void {
  * may be mounted anywhere (default /opt/rollout-fleet). Task verifiers may call it too.
  */
 export const NODE_LAUNCHER = `#!/bin/sh
-# rollout-fleet portable Node.js: the runtime's own loader and libraries, whatever the image holds.
-r="\${0%/*}/.."
-exec "$r/lib/ld-linux-x86-64.so.2" --library-path "$r/lib" "$r/bin/node.real" "$@"
+# rollout-fleet portable Node.js: node.real's interpreter and rpath are the runtime's own loader and
+# libraries (see portable-node.ts), whatever the image holds.
+exec "\${0%/*}/node.real" "$@"
 `;
 
 const LOADER = 'ld-linux-x86-64.so.2';
@@ -126,10 +129,21 @@ export async function sharedLibrariesOf(binary: string): Promise<string[]> {
  * The inputs of the default runtime: this process's node binary as bin/node.real, the loader and
  * libraries `ldd` lists in lib/, the bin/node launcher, and `extraFiles`.
  */
-export async function defaultRuntimeInputs(extraFiles: readonly ExtraFile[] = [], nodeBinary = process.execPath): Promise<RuntimeInput[]> {
+export async function defaultRuntimeInputs(
+  extraFiles: readonly ExtraFile[] = [],
+  opts: {
+    /** Where the patched copy of the node binary is cached. @default <tmpdir>/rollout-fleet-runtime */
+    cacheDir?: string;
+    /** @default process.execPath */
+    nodeBinary?: string;
+  } = {},
+): Promise<RuntimeInput[]> {
+  const nodeBinary = opts.nodeBinary ?? process.execPath;
+  // bin/node.real is a copy whose interpreter and rpath are the runtime's own (portable-node.ts).
+  const runtimeNodeBinary = await portableNodeBinary(opts.cacheDir ?? path.join(os.tmpdir(), 'rollout-fleet-runtime'), nodeBinary);
   const inputs: RuntimeInput[] = [
     { path: 'bin/node', mode: 0o755, content: NODE_LAUNCHER },
-    { path: 'bin/node.real', mode: 0o755, source: nodeBinary },
+    { path: 'bin/node.real', mode: 0o755, source: runtimeNodeBinary },
   ];
   for (const lib of await sharedLibrariesOf(nodeBinary)) {
     const name = path.basename(lib);

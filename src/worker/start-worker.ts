@@ -83,8 +83,9 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   let inputs: Promise<RuntimeInputs> | undefined;
   const runtimeInputs = () => {
     inputs ??= (async () => {
-      const agent = await bundleReferenceAgent(path.join(opts.dataDir, 'runtime-src', 'reference-agent.mjs'));
-      return defaultRuntimeInputs([{ source: agent, path: REFERENCE_AGENT_PATH, mode: 0o644 }]);
+      const cache = path.join(opts.dataDir, 'runtime-src');
+      const agent = await bundleReferenceAgent(path.join(cache, 'reference-agent.mjs'));
+      return defaultRuntimeInputs([{ source: agent, path: REFERENCE_AGENT_PATH, mode: 0o644 }], { cacheDir: cache });
     })();
     inputs.catch(() => (inputs = undefined));
     return inputs;

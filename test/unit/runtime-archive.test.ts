@@ -130,8 +130,8 @@ describe('runtime archive', () => {
       { source: path.join(dir, 'data.bin'), path: 'agent/data.bin' },
     ]);
     const byPath = Object.fromEntries(inputs.map((i) => [i.path, i]));
-    expect(byPath['bin/node.real']).toMatchObject({ mode: 0o755, source: process.execPath });
-    expect(byPath['bin/node']).toMatchObject({ mode: 0o755, content: expect.stringContaining('ld-linux-x86-64.so.2" --library-path') });
+    expect(byPath['bin/node.real']).toMatchObject({ mode: 0o755, source: expect.stringMatching(/rollout-fleet-runtime\/node-[0-9a-f]{16}$/) });
+    expect(byPath['bin/node']).toMatchObject({ mode: 0o755, content: expect.stringContaining('exec "${0%/*}/node.real"') });
     expect(byPath['lib/ld-linux-x86-64.so.2']).toMatchObject({ mode: 0o755 });
     expect(byPath['lib/libc.so.6']).toMatchObject({ mode: 0o644 });
     expect(byPath['agent/tool']).toMatchObject({ mode: 0o755 });
