@@ -2,7 +2,8 @@
 // shared 2-core machines; ratios are what to compare):
 //   cold prepareRuntime of the full runtime vs `tar -c <folder> | docker cp - <container>:<mount>`
 //   warm prepareRuntime (this process saw the volume ready; and the first check of a fresh process)
-//   event-loop delay p99 while the cold build (hash + archive) runs in the builder thread vs on the main thread
+//   event-loop delay p99 while the cold build (hash + archive to a discarding sink) runs in the builder
+//   thread vs on the main thread, and during the cold preparations themselves (build + upload)
 // Run: npx tsx bench/runtime-prepare.ts   (BENCH_ROUNDS=5 for more rounds; needs dockerd and the busybox image)
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
@@ -45,8 +46,17 @@ async function materialise(inputs: RuntimeInputs): Promise<string> {
   return dir;
 }
 
+interface Timed {
+  ms: number;
+  /** CPU time of the process(es) doing the work (ours: this process, all threads; baseline: tar and docker). */
+  cpuMs: number;
+}
+
+/** Runs `sh -c script` under GNU time when the machine has it, for the children's CPU time. */
+const TIME_BIN = '/usr/bin/time';
+
 /** `tar -c folder | docker cp - container:mount` into a created (never started) container; only the copy is timed. */
-async function baselineCopy(dir: string, round: number): Promise<number> {
+async function baselineCopy(dir: string, round: number): Promise<Timed> {
   const volume = `rf-bench-${process.pid}-${round}`;
   await docker.createVolume({ Name: volume, Labels: { [LABEL.managed]: '1', 'rollout-fleet.bench': String(process.pid) } });
   const container = await docker.createContainer({
@@ -57,20 +67,32 @@ async function baselineCopy(dir: string, round: number): Promise<number> {
   });
   try {
     const started = performance.now();
-    const child = spawn('sh', ['-c', `tar -C "$1" -c . | docker cp - "$2:${RUNTIME_MOUNT_PATH}"`, 'sh', dir, container.id], { stdio: 'inherit' });
+    const script = ['sh', '-c', `tar -C "$1" -c . | docker cp - "$2:${RUNTIME_MOUNT_PATH}" 2>/dev/null`, 'sh', dir, container.id];
+    const child = spawn(TIME_BIN, ['-f', '%U %S', ...script], { stdio: ['ignore', 'inherit', 'pipe'] });
+    let timeOut = '';
+    child.stderr.on('data', (d: Buffer) => (timeOut += d.toString()));
     const [code] = (await once(child, 'exit')) as [number];
-    if (code !== 0) throw new Error(`tar | docker cp exited ${code}`);
-    return performance.now() - started;
+    const ms = performance.now() - started;
+    if (code !== 0) throw new Error(`tar | docker cp exited ${code}: ${timeOut}`);
+    const [user, sys] = timeOut.trim().split('\n').at(-1)!.split(' ').map(Number);
+    return { ms, cpuMs: ((user ?? 0) + (sys ?? 0)) * 1000 };
   } finally {
     await container.remove({ force: true });
     await docker.getVolume(volume).remove();
   }
 }
 
-async function coldPrepare(redis: Redis, inputs: RuntimeInputs, round: number): Promise<RuntimeGeneration> {
+/** A cold preparation as a new worker process would see it, with the event-loop delay p99 during it. */
+async function coldPrepare(redis: Redis, inputs: RuntimeInputs, round: number): Promise<{ gen: RuntimeGeneration; loopP99: number; cpuMs: number }> {
   forgetRuntimeCaches();
   await stopRuntimeBuilder();
-  return prepareRuntime({ docker, redis, prefix: `bench${process.pid}r${round}`, log }, inputs);
+  const h = monitorEventLoopDelay({ resolution: 1 });
+  h.enable();
+  const cpu = process.cpuUsage();
+  const gen = await prepareRuntime({ docker, redis, prefix: `bench${process.pid}r${round}`, log }, inputs);
+  const used = process.cpuUsage(cpu);
+  h.disable();
+  return { gen, loopP99: h.percentile(99) / 1e6, cpuMs: (used.user + used.system) / 1000 };
 }
 
 /** Event-loop delay p99 and max (ms) while hash + archive of the inputs run to a discarding sink. */
@@ -95,16 +117,24 @@ async function main(): Promise<void> {
   const toRemove: string[] = [];
   try {
     const baseline: number[] = [];
+    const baselineCpu: number[] = [];
     const cold: RuntimeGeneration[] = [];
+    const coldCpu: number[] = [];
+    const coldLoop: number[] = [];
     for (let round = 0; round < ROUNDS; round++) {
       // Alternate the order so neither side always runs on a warmer page cache or a calmer machine.
       const first = round % 2 === 0 ? 'baseline' : 'cold';
       for (const which of first === 'baseline' ? ['baseline', 'cold'] : ['cold', 'baseline']) {
-        if (which === 'baseline') baseline.push(await baselineCopy(folder, round));
-        else {
-          const gen = await coldPrepare(redis, inputs, round);
+        if (which === 'baseline') {
+          const { ms: copyMs, cpuMs } = await baselineCopy(folder, round);
+          baseline.push(copyMs);
+          baselineCpu.push(cpuMs);
+        } else {
+          const { gen, loopP99, cpuMs } = await coldPrepare(redis, inputs, round);
           toRemove.push(gen.volumeName);
           cold.push(gen);
+          coldCpu.push(cpuMs);
+          coldLoop.push(loopP99);
         }
       }
     }
@@ -132,6 +162,7 @@ async function main(): Promise<void> {
     console.log(`  cold prepareRuntime (fresh process state)   median ${ms(median(coldMs))}  [${coldMs.map(ms).join(', ')}]  bytesCopied ${last.bytesCopied}`);
     console.log(`  tar -c | docker cp - (same folder)          median ${ms(median(baseline))}  [${baseline.map(ms).join(', ')}]`);
     console.log(`  ratio cold / baseline                       ${ratio.toFixed(2)}x  (goal <= 1.5x)`);
+    console.log(`  CPU time: cold prepareRuntime (all threads) median ${ms(median(coldCpu))}; tar + docker cp median ${ms(median(baselineCpu))}`);
     console.log(`  warm, first check of a fresh process        ${ms(firstWarm.prepareMs)}  warm=${firstWarm.warm} bytesCopied ${firstWarm.bytesCopied}`);
     console.log(
       `  warm, volume already seen ready (${WARM_CALLS} calls)   median ${ms(median(warmMs))}  p95 ${ms(pct(warmMs, 95))}  max ${ms(Math.max(...warmMs))}` +
@@ -141,6 +172,7 @@ async function main(): Promise<void> {
       console.log(`  event-loop delay p99 during a cold build, ${name}  median ${ms(median(xs.map((x) => x.p99)))}  [${xs.map((x) => ms(x.p99)).join(', ')}]  max ${ms(Math.max(...xs.map((x) => x.max)))}  build ${ms(median(xs.map((x) => x.buildMs)))}`);
     row('builder thread', loop.worker);
     row('main thread   ', loop.main);
+    console.log(`  event-loop delay p99 during the cold prepareRuntime runs above  median ${ms(median(coldLoop))}  [${coldLoop.map(ms).join(', ')}]`);
     console.log('  (goal: builder thread p99 < 20 ms)');
   } finally {
     await stopRuntimeBuilder();

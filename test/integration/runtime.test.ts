@@ -20,7 +20,8 @@ import { runtimeVolumeLabels, runtimeVolumeName } from '../../src/runtime/runtim
 import { engineId } from '../../src/sandbox/docker-client.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
-import { withVolumeContainer } from '../../src/sandbox/volumes.ts';
+import Docker from 'dockerode';
+import { engineAddress, withVolumeContainer } from '../../src/sandbox/volumes.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
 import { docker, ROOT, silentLog, startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
 
@@ -237,6 +238,22 @@ describe('runtime generations', () => {
     await waitFor('the installer creation event', async () => installs.count() >= 1);
     installs.stop();
     expect(installs.count()).toBe(1);
+  });
+
+  it('installs through the main thread when the builder thread cannot reach the engine itself', async () => {
+    const prefix = newPrefix('relay');
+    const inputs = await fakeInputs('relay');
+    // Custom headers (say, auth added by a proxy) are something the builder's own upload does not carry.
+    const viaMain = new Docker({ ...(docker.modem as unknown as Docker.DockerOptions), headers: { 'X-Rollout-Fleet-Test': '1' } });
+    expect(engineAddress(viaMain)).toBeUndefined();
+    expect(engineAddress(docker)).toBeDefined();
+    const generation = await prepareRuntime({ ...depsFor(prefix), docker: viaMain }, inputs);
+    expect(generation.warm).toBe(false);
+    expect(await volumeHas(generation.volumeName, [READY_MARKER, 'bin/hello', 'share/data'])).toEqual({ [READY_MARKER]: true, 'bin/hello': true, 'share/data': true });
+    // Same generation, same bytes, whichever way they travelled.
+    const direct = await prepareRuntime(depsFor(newPrefix('direct')), inputs);
+    expect(direct.generationId).toBe(generation.generationId);
+    expect(direct.bytesCopied).toBe(generation.bytesCopied);
   });
 
   it('replaces a half-installed volume instead of using it', async () => {
