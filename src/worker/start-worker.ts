@@ -84,7 +84,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const runtimeInputs = () => {
     inputs ??= (async () => {
       const cache = path.join(opts.dataDir, 'runtime-src');
-      const agent = await bundleReferenceAgent(path.join(cache, 'reference-agent.mjs'));
+      const agent = await bundleReferenceAgent(cache);
       return defaultRuntimeInputs([{ source: agent, path: REFERENCE_AGENT_PATH, mode: 0o644 }], { cacheDir: cache });
     })();
     inputs.catch(() => (inputs = undefined));

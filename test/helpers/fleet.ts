@@ -80,6 +80,9 @@ export async function fleetEnvOn(redis: PrivateRedis, opts: { prefix?: string; d
       await cleanup.close();
       await flows.close();
       await client.quit();
+      // Runtime generations are installed per fleet prefix; this test's are not wanted by anyone.
+      const { Volumes } = await docker.listVolumes({ filters: { label: [`${LABEL.prefix}=${prefix}`] } });
+      await Promise.all((Volumes ?? []).map((v) => docker.getVolume(v.Name).remove().catch(() => undefined)));
       // env.redis, not the first one: a test may have restarted Redis on the same port.
       await fleetEnv.redis.stop();
     },

@@ -9,7 +9,8 @@ import {
   type FleetEnv, type WorkerProcess,
 } from '../helpers/fleet.ts';
 
-const SOLVABLE = ['fix-greeting', 'set-port', 'sum-column'];
+const SOLVABLE = ['fix-greeting', 'js-median', 'set-port', 'sum-column'];
+const EPISODES = (SOLVABLE.length + 1) * 2;
 const UNSOLVABLE = 'reverse-lines';
 
 describe('episode pipeline', () => {
@@ -45,11 +46,11 @@ describe('episode pipeline', () => {
     expect(run.code).toBe(0);
     const out = JSON.parse(run.stdout) as { batchId: string; episodes: number; added: boolean };
     batchId = out.batchId;
-    expect(out).toMatchObject({ episodes: 8, added: true });
+    expect(out).toMatchObject({ episodes: EPISODES, added: true });
 
-    const results = await waitForResults(env, batchId, 8);
-    expect(results).toHaveLength(8);
-    expect(new Set(results.map((r) => r.episodeId)).size).toBe(8);
+    const results = await waitForResults(env, batchId, EPISODES);
+    expect(results).toHaveLength(EPISODES);
+    expect(new Set(results.map((r) => r.episodeId)).size).toBe(EPISODES);
     for (const r of results) {
       expect(r.attempts, r.episodeId).toBe(1);
       expect(r.provenance.imageId).toMatch(/^sha256:/);
@@ -64,17 +65,17 @@ describe('episode pipeline', () => {
     // Both worker processes took part, and each episode had exactly one container.
     expect(new Set(results.map((r) => r.workerId))).toEqual(new Set(['pipeline-w1', 'pipeline-w2']));
     await waitForNoContainers(batchId);
-    expect([...creates.entries()].filter(([id]) => id.startsWith(batchId)).map(([, n]) => n)).toEqual(Array(8).fill(1));
+    expect([...creates.entries()].filter(([id]) => id.startsWith(batchId)).map(([, n]) => n)).toEqual(Array(EPISODES).fill(1));
 
     // The job's return value is the same result.
     const job = await env.episodes.getJob(results[0]!.episodeId);
     expect(job?.returnvalue).toEqual(results[0]);
 
     // The batch parent ran once its last episode ended, and stored the summary; status reads the same.
-    const expected = { total: 8, done: 8, finished: true, byStatus: { passed: 6, failed: 2 }, meanReward: 0.75, passAt: { 1: 0.75, 2: 0.75 } };
+    const expected = { total: EPISODES, done: EPISODES, finished: true, byStatus: { passed: EPISODES - 2, failed: 2 }, meanReward: 0.8, passAt: { 1: 0.8, 2: 0.8 } };
     const stored = await waitFor('the batch summary', () => env.results.storedSummary(batchId), 30_000, 200);
     expect(stored).toMatchObject(expected);
-    expect(stored.phases.totalMs.n).toBe(8);
+    expect(stored.phases.totalMs.n).toBe(EPISODES);
     expect((await env.flows.getFlow({ id: batchId, queueName: 'batches', prefix: env.prefix }))?.job.returnvalue).toEqual(stored);
     const status = await runCli(['status', batchId, '--json'], env.env);
     expect(JSON.parse(status.stdout)).toMatchObject(expected);
@@ -94,7 +95,7 @@ describe('episode pipeline', () => {
     expect(run.stderr).toBe(`batch ${batchId} was enqueued before; nothing added\n`);
     expect(await env.episodes.getJobCounts()).toEqual(before);
     expect(await env.episodes.count()).toBe(0);
-    expect((await env.results.results(batchId)).length).toBe(8);
+    expect((await env.results.results(batchId)).length).toBe(EPISODES);
   });
 
   it('stops worker processes cleanly, releasing every Redis connection', async () => {
