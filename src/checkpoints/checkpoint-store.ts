@@ -1,49 +1,258 @@
-// Durable checkpoints on disk: FLEET_DATA_DIR/checkpoints/<episode>/<seq>.json written atomically,
-// plus latest.json pointing at the highest seq; the last `keep` checkpoints are kept.
-import { readFile, readdir, rm } from 'node:fs/promises';
+// Durable checkpoints on disk. Layout under FLEET_DATA_DIR/checkpoints/<episode>/:
+//   00000007/checkpoint.json, 00000007/workspace.tar   one folder per seq, complete or absent
+//   latest.json                                        { "seq": 7 }: the newest, never moves back
+//   .tmp-*, .trash-*                                   in-flight or abandoned; readers ignore them
+// A folder is assembled under a temp name (files fsynced), renamed into place (the folder appears
+// whole or not at all; a second writer of the same seq finds it there), then the parent is fsynced and
+// latest.json replaced (temp + fsync + rename) under a per-episode lock. Pruning renames a folder away
+// before deleting it, so a reader never meets a half-deleted one.
+import { createHash, randomBytes } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import { mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
+import type { Readable } from 'node:stream';
+import { z } from 'zod';
 import { writeFileAtomic } from '../results/atomic-write.ts';
+import { CHECKPOINT_JSON, Checkpoint, SEQ_FOLDER, WORKSPACE_TAR, seqFolderName } from './checkpoint.ts';
+import { processEpisodeLock, type EpisodeLock } from './episode-lock.ts';
 
-const SEQ_FILE = /^(\d{8})\.json$/;
+const LATEST_JSON = 'latest.json';
+const LatestPointer = z.object({ seq: z.number().int().min(0) });
+type LatestPointer = z.infer<typeof LatestPointer>;
+
+/** Temp folders name their writer, so one whose writer is dead can go at once (same host only). */
+const HOST_TAG = createHash('sha256').update(os.hostname()).digest('hex').slice(0, 8);
+const TEMP_FOLDER = /^\.tmp-\d+-([0-9a-f]{8})-(\d+)-[0-9a-f]+$/;
+
+export interface CheckpointStoreOptions {
+  /** Checkpoints kept per episode: the newest ones. @default 5 */
+  keep?: number;
+  /** Serializes latest.json updates of an episode. @default processEpisodeLock() (enough for one writer process) */
+  lock?: EpisodeLock;
+  /** A temp folder this old is removed even when its writer may still live. @default 600000 */
+  staleTempMs?: number;
+}
+
+export interface StoredWorkspaceTar {
+  path: string;
+  bytes: number;
+  /** A fresh stream of the tar (entries prefixed with the workdir's base name). */
+  open(): Readable;
+}
+
+export interface StoredCheckpoint {
+  seq: number;
+  dir: string;
+  checkpoint: Checkpoint;
+  /** Absent when the checkpoint did not capture the workspace (`checkpoint.workspace.reason` says why). */
+  workspaceTar?: StoredWorkspaceTar;
+}
+
+export interface CheckpointWriteResult {
+  /** written: now on disk; already-written: it was; superseded: `keep` newer ones were, nothing written. */
+  outcome: 'written' | 'already-written' | 'superseded';
+  /** The seq latest.json points at afterwards (-1: none yet). */
+  latest: number;
+  dir?: string;
+}
+
+const isMissing = (err: unknown) => (err as NodeJS.ErrnoException).code === 'ENOENT';
+
+async function exists(p: string): Promise<boolean> {
+  return stat(p).then(() => true, (err: unknown) => {
+    if (isMissing(err)) return false;
+    throw err;
+  });
+}
+
+async function fsyncDir(dir: string): Promise<void> {
+  const dh = await open(dir, 'r');
+  try {
+    await dh.sync();
+  } finally {
+    await dh.close();
+  }
+}
+
+async function writeDurable(file: string, data: string | Uint8Array): Promise<void> {
+  const fh = await open(file, 'wx');
+  try {
+    await fh.writeFile(data);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
 
 export class CheckpointStore {
-  constructor(
-    private readonly dataDir: string,
-    private readonly keep = 5,
-  ) {}
+  readonly keep: number;
+  private readonly lock: EpisodeLock;
+  private readonly staleTempMs: number;
+
+  private readonly dataDir: string;
+
+  constructor(dataDir: string, opts: CheckpointStoreOptions = {}) {
+    this.dataDir = path.resolve(dataDir);
+    const keep = opts.keep ?? 5;
+    if (!Number.isInteger(keep) || keep < 1) throw new TypeError(`Expected \`keep\` to be an integer from 1 up, got \`${keep}\` (${typeof keep})`);
+    this.keep = keep;
+    this.lock = opts.lock ?? processEpisodeLock();
+    this.staleTempMs = opts.staleTempMs ?? 600_000;
+  }
 
   folder(episodeId: string): string {
     return path.join(this.dataDir, 'checkpoints', episodeId);
   }
 
-  /** Persist one checkpoint; returns its file and the seq latest.json now points at. */
-  async write(episodeId: string, seq: number, body: unknown): Promise<{ file: string; latest: number }> {
+  /**
+   * Persist one checkpoint (with its workspace tar when `checkpoint.workspace.captured`). Idempotent:
+   * a seq already on disk is left as it is. Resolves once the checkpoint and latest.json are durable.
+   */
+  async write(input: Checkpoint, workspaceTar?: Uint8Array): Promise<CheckpointWriteResult> {
+    const checkpoint = Checkpoint.parse(input);
+    const { episodeId, seq, workspace } = checkpoint;
+    if (workspace.captured && workspaceTar?.length !== workspace.bytes) {
+      throw new TypeError(`workspaceTar: expected ${workspace.bytes} bytes as the checkpoint says, got ${workspaceTar?.length ?? 'none'}`);
+    }
     const dir = this.folder(episodeId);
-    const file = path.join(dir, `${String(seq).padStart(8, '0')}.json`);
-    await writeFileAtomic(file, JSON.stringify(body));
-    const seqs = await this.seqs(episodeId);
-    const latest = Math.max(...seqs);
-    await writeFileAtomic(path.join(dir, 'latest.json'), JSON.stringify({ seq: latest }));
-    await Promise.all(seqs.slice(0, Math.max(0, seqs.length - this.keep)).map((s) =>
-      rm(path.join(dir, `${String(s).padStart(8, '0')}.json`), { force: true })));
-    return { file, latest };
+    await this.ensureFolder(dir);
+    const final = path.join(dir, seqFolderName(seq));
+    let outcome: CheckpointWriteResult['outcome'];
+    if (await exists(final)) outcome = 'already-written';
+    else if ((await this.seqs(episodeId)).filter((s) => s > seq).length >= this.keep) outcome = 'superseded';
+    else outcome = await this.writeFolder(dir, final, checkpoint, workspace.captured ? workspaceTar : undefined);
+    const latest = await this.lock.withLock(episodeId, () => this.publish(dir));
+    return { outcome, latest, ...(outcome !== 'superseded' && { dir: final }) };
   }
 
-  /** The latest durable checkpoint of an episode, or undefined. */
-  async latest(episodeId: string): Promise<{ seq: number; body: unknown } | undefined> {
-    const dir = this.folder(episodeId);
-    const pointer = await readFile(path.join(dir, 'latest.json'), 'utf8').catch(() => undefined);
-    if (pointer === undefined) return undefined;
-    const { seq } = JSON.parse(pointer) as { seq: number };
-    const body: unknown = JSON.parse(await readFile(path.join(dir, `${String(seq).padStart(8, '0')}.json`), 'utf8'));
-    return { seq, body };
+  /** The checkpoint latest.json points at (or, without one, the newest folder), or undefined. */
+  async latest(episodeId: string): Promise<StoredCheckpoint | undefined> {
+    const pointer = await this.readPointer(this.folder(episodeId));
+    if (pointer !== undefined) {
+      const found = await this.read(episodeId, pointer.seq);
+      if (found) return found;
+    }
+    // No pointer yet (the writer died before publishing), or its folder was pruned since we read it.
+    for (const seq of (await this.seqs(episodeId)).reverse()) {
+      const found = await this.read(episodeId, seq);
+      if (found) return found;
+    }
+    return undefined;
   }
 
-  private async seqs(episodeId: string): Promise<number[]> {
-    const names = await readdir(this.folder(episodeId)).catch(() => [] as string[]);
-    return names.flatMap((n) => {
-      const m = SEQ_FILE.exec(n);
-      return m ? [Number(m[1])] : [];
-    }).sort((a, b) => a - b);
+  /** One checkpoint, or undefined when that seq is not (or no longer) on disk. */
+  async read(episodeId: string, seq: number): Promise<StoredCheckpoint | undefined> {
+    const dir = path.join(this.folder(episodeId), seqFolderName(seq));
+    let text: string;
+    try {
+      text = await readFile(path.join(dir, CHECKPOINT_JSON), 'utf8');
+    } catch (err) {
+      if (isMissing(err)) return undefined;
+      throw err;
+    }
+    const checkpoint = Checkpoint.parse(JSON.parse(text));
+    if (!checkpoint.workspace.captured) return { seq, dir, checkpoint };
+    const tarPath = path.join(dir, WORKSPACE_TAR);
+    const bytes = checkpoint.workspace.bytes;
+    return { seq, dir, checkpoint, workspaceTar: { path: tarPath, bytes, open: () => createReadStream(tarPath) } };
+  }
+
+  /** The seqs on disk, ascending. */
+  async seqs(episodeId: string): Promise<number[]> {
+    const names = await readdir(this.folder(episodeId)).catch((err: unknown) => {
+      if (isMissing(err)) return [] as string[];
+      throw err;
+    });
+    return names.filter((n) => SEQ_FOLDER.test(n)).map(Number).sort((a, b) => a - b);
+  }
+
+  private async ensureFolder(dir: string): Promise<void> {
+    const first = await mkdir(dir, { recursive: true });
+    if (first === undefined) return;
+    // Make the new folders' names durable: fsync the parent of every folder just created.
+    const parents: string[] = [];
+    for (let d = dir; d !== first; d = path.dirname(d)) parents.push(path.dirname(d));
+    parents.push(path.dirname(first));
+    for (const d of parents.reverse()) await fsyncDir(d);
+  }
+
+  private async writeFolder(dir: string, final: string, checkpoint: Checkpoint, workspaceTar: Uint8Array | undefined): Promise<'written' | 'already-written'> {
+    const tmp = path.join(dir, `.tmp-${checkpoint.seq}-${HOST_TAG}-${process.pid}-${randomBytes(4).toString('hex')}`);
+    await mkdir(tmp);
+    let renamed = false;
+    try {
+      await writeDurable(path.join(tmp, CHECKPOINT_JSON), JSON.stringify(checkpoint));
+      if (workspaceTar !== undefined) await writeDurable(path.join(tmp, WORKSPACE_TAR), workspaceTar);
+      await fsyncDir(tmp);
+      try {
+        await rename(tmp, final);
+        renamed = true;
+      } catch (err) {
+        const code = (err as NodeJS.ErrnoException).code;
+        if (code === 'ENOTEMPTY' || code === 'EEXIST') return 'already-written'; // another writer won
+        throw err;
+      }
+      await fsyncDir(dir);
+      return 'written';
+    } finally {
+      if (!renamed) await rm(tmp, { recursive: true, force: true }).catch(() => undefined);
+    }
+  }
+
+  private async readPointer(dir: string): Promise<LatestPointer | undefined> {
+    try {
+      return LatestPointer.parse(JSON.parse(await readFile(path.join(dir, LATEST_JSON), 'utf8')));
+    } catch (err) {
+      if (isMissing(err)) return undefined;
+      throw err;
+    }
+  }
+
+  /**
+   * Under the episode's lock: point latest.json at the newest folder if that is newer than where it
+   * points (so a writer that died between rename and publish is caught up by the next one), prune
+   * beyond `keep`, clear abandoned temp folders. Returns the seq latest.json points at.
+   */
+  private async publish(dir: string): Promise<number> {
+    const names = await readdir(dir);
+    const seqs = names.filter((n) => SEQ_FOLDER.test(n)).map(Number).sort((a, b) => a - b);
+    const current = (await this.readPointer(dir))?.seq ?? -1;
+    const newest = seqs.at(-1) ?? -1;
+    let latest = current;
+    if (newest > current) {
+      await writeFileAtomic(path.join(dir, LATEST_JSON), JSON.stringify({ seq: newest, updatedAt: new Date().toISOString() }));
+      latest = newest;
+    }
+    const prune = seqs.slice(0, Math.max(0, seqs.length - this.keep)).filter((s) => s !== latest);
+    await Promise.all(prune.map(async (s) => {
+      const trash = path.join(dir, `.trash-${seqFolderName(s)}-${randomBytes(4).toString('hex')}`);
+      await rename(path.join(dir, seqFolderName(s)), trash).catch(() => undefined);
+    }));
+    await this.sweep(dir, prune.length > 0 ? await readdir(dir) : names);
+    return latest;
+  }
+
+  private async sweep(dir: string, names: string[]): Promise<void> {
+    const now = Date.now();
+    await Promise.all(names.filter((n) => n.startsWith('.')).map(async (name) => {
+      const full = path.join(dir, name);
+      let stale = name.startsWith('.trash-');
+      if (!stale && (name.startsWith('.tmp-') || name.endsWith('.tmp'))) {
+        const owner = TEMP_FOLDER.exec(name);
+        const deadOwner = owner !== null && owner[1] === HOST_TAG && !processAlive(Number(owner[2]));
+        stale = deadOwner || (await stat(full).then((s) => now - s.mtimeMs > this.staleTempMs, () => false));
+      }
+      if (stale) await rm(full, { recursive: true, force: true }).catch(() => undefined);
+    }));
   }
 }

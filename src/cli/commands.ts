@@ -35,6 +35,7 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     lockDurationMs: config.FLEET_LOCK_DURATION_MS,
     drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS,
     retryBudgets: { infra: config.FLEET_INFRA_RETRIES, model: config.FLEET_MODEL_RETRIES },
+    checkpointKeep: config.FLEET_CHECKPOINT_KEEP,
   });
   const [signal] = await Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
   log.info({ signal, running: handle.running.size, drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS }, 'draining');
