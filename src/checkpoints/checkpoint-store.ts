@@ -1,7 +1,7 @@
 // Durable checkpoints on disk. Layout under FLEET_DATA_DIR/checkpoints/<episode>/:
 //   00000007/checkpoint.json, 00000007/workspace.tar   one folder per seq, complete or absent
 //   latest.json                                        { "seq": 7 }: the newest, never moves back
-//   .tmp-*, .trash-*                                   in-flight or abandoned; readers ignore them
+//   .tmp-*, .trash-*                                   in flight or abandoned; readers ignore them
 // A folder is assembled under a temp name (files fsynced), renamed into place (the folder appears
 // whole or not at all; a second writer of the same seq finds it there), then the parent is fsynced and
 // latest.json replaced (temp + fsync + rename) under a per-episode lock. Pruning renames a folder away
@@ -13,7 +13,6 @@ import os from 'node:os';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { z } from 'zod';
-import { writeFileAtomic } from '../results/atomic-write.ts';
 import { CHECKPOINT_JSON, Checkpoint, SEQ_FOLDER, WORKSPACE_TAR, seqFolderName } from './checkpoint.ts';
 import { processEpisodeLock, type EpisodeLock } from './episode-lock.ts';
 
@@ -23,7 +22,8 @@ type LatestPointer = z.infer<typeof LatestPointer>;
 
 /** Temp folders name their writer, so one whose writer is dead can go at once (same host only). */
 const HOST_TAG = createHash('sha256').update(os.hostname()).digest('hex').slice(0, 8);
-const TEMP_FOLDER = /^\.tmp-\d+-([0-9a-f]{8})-(\d+)-[0-9a-f]+$/;
+const TEMP_NAME = /^\.tmp-(?:\d+|latest)-([0-9a-f]{8})-(\d+)-[0-9a-f]+$/;
+const tempName = (what: string | number) => `.tmp-${what}-${HOST_TAG}-${process.pid}-${randomBytes(4).toString('hex')}`;
 
 export interface CheckpointStoreOptions {
   /** Checkpoints kept per episode: the newest ones. @default 5 */
@@ -83,6 +83,19 @@ async function writeDurable(file: string, data: string | Uint8Array): Promise<vo
   } finally {
     await fh.close();
   }
+}
+
+/** Temp file (named like the temp folders, so a dead writer's is cleared too), fsync, rename, fsync of the folder. */
+async function replaceFileDurably(dir: string, name: string, data: string): Promise<void> {
+  const tmp = path.join(dir, tempName('latest'));
+  try {
+    await writeDurable(tmp, data);
+    await rename(tmp, path.join(dir, name));
+  } catch (err) {
+    await rm(tmp, { force: true }).catch(() => undefined);
+    throw err;
+  }
+  await fsyncDir(dir);
 }
 
 function processAlive(pid: number): boolean {
@@ -187,7 +200,7 @@ export class CheckpointStore {
   }
 
   private async writeFolder(dir: string, final: string, checkpoint: Checkpoint, workspaceTar: Uint8Array | undefined): Promise<'written' | 'already-written'> {
-    const tmp = path.join(dir, `.tmp-${checkpoint.seq}-${HOST_TAG}-${process.pid}-${randomBytes(4).toString('hex')}`);
+    const tmp = path.join(dir, tempName(checkpoint.seq));
     await mkdir(tmp);
     let renamed = false;
     try {
@@ -230,7 +243,7 @@ export class CheckpointStore {
     const newest = seqs.at(-1) ?? -1;
     let latest = current;
     if (newest > current) {
-      await writeFileAtomic(path.join(dir, LATEST_JSON), JSON.stringify({ seq: newest, updatedAt: new Date().toISOString() }));
+      await replaceFileDurably(dir, LATEST_JSON, JSON.stringify({ seq: newest, updatedAt: new Date().toISOString() }));
       latest = newest;
     }
     const prune = seqs.slice(0, Math.max(0, seqs.length - this.keep)).filter((s) => s !== latest);
@@ -247,8 +260,8 @@ export class CheckpointStore {
     await Promise.all(names.filter((n) => n.startsWith('.')).map(async (name) => {
       const full = path.join(dir, name);
       let stale = name.startsWith('.trash-');
-      if (!stale && (name.startsWith('.tmp-') || name.endsWith('.tmp'))) {
-        const owner = TEMP_FOLDER.exec(name);
+      if (!stale && name.startsWith('.tmp-')) {
+        const owner = TEMP_NAME.exec(name);
         const deadOwner = owner !== null && owner[1] === HOST_TAG && !processAlive(Number(owner[2]));
         stale = deadOwner || (await stat(full).then((s) => now - s.mtimeMs > this.staleTempMs, () => false));
       }

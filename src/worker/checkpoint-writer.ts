@@ -36,6 +36,8 @@ export function startCheckpointWriter(opts: CheckpointWriterOptions): Worker {
     concurrency: opts.concurrency ?? 4,
     lockDuration,
     stalledInterval: lockDuration,
+    // Writing is idempotent, so a job whose writer was killed (again) is simply written again.
+    maxStalledCount: 10,
   });
   worker.on('error', (err) => log.error({ queue: CHECKPOINTS_QUEUE, err: err.message }, 'worker error'));
   worker.on('failed', (job, err) => log.warn({ jobId: job?.id, attemptsMade: job?.attemptsMade, err: err.message }, 'checkpoint write failed'));
