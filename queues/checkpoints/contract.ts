@@ -27,6 +27,8 @@ export const CheckpointResult = z.object({
   latest: z.number().int(),
   /** The checkpoint's folder (unless superseded). */
   dir: z.string().optional(),
+  /** When the writer had it (and latest.json) durable on disk. */
+  durableAt: z.iso.datetime(),
 });
 export type CheckpointResult = z.infer<typeof CheckpointResult>;
 

@@ -37,9 +37,9 @@ export function checkpointProcessor(deps: CheckpointProcessorDeps) {
     if (staged === undefined) {
       // Deleted after an earlier attempt wrote it (the writer died before completing the job), or expired.
       const onDisk = await store.read(episodeId, seq);
-      if (onDisk) return { outcome: 'already-written', latest: (await store.latest(episodeId))?.seq ?? seq, dir: onDisk.dir };
+      if (onDisk) return { outcome: 'already-written', latest: (await store.latest(episodeId))?.seq ?? seq, dir: onDisk.dir, durableAt: new Date().toISOString() };
       const newer = (await store.seqs(episodeId)).filter((s) => s > seq).length;
-      if (newer >= store.keep) return { outcome: 'superseded', latest: (await store.latest(episodeId))?.seq ?? -1 };
+      if (newer >= store.keep) return { outcome: 'superseded', latest: (await store.latest(episodeId))?.seq ?? -1, durableAt: new Date().toISOString() };
       throw new UnrecoverableError(`staged checkpoint ${stagedKey} is gone (expired?) and seq ${seq} is not on disk`);
     }
     if (staged.checkpoint.episodeId !== episodeId || staged.checkpoint.seq !== seq) {
@@ -47,8 +47,14 @@ export function checkpointProcessor(deps: CheckpointProcessorDeps) {
     }
     const t0 = performance.now();
     const result = await store.write(staged.checkpoint, staged.workspace);
+    const durableAt = new Date();
     await redis.del(stagedKey);
-    log.debug({ outcome: result.outcome, latest: result.latest, durationMs: Math.round(performance.now() - t0) }, 'checkpoint persisted');
-    return result;
+    log.debug({
+      outcome: result.outcome,
+      latest: result.latest,
+      writeMs: Math.round(performance.now() - t0),
+      lagMs: durableAt.getTime() - Date.parse(staged.checkpoint.createdAt),
+    }, 'checkpoint persisted');
+    return { ...result, durableAt: durableAt.toISOString() };
   };
 }

@@ -159,6 +159,8 @@ export class CheckpointSink {
   }
 
   private async pump(lane: Lane): Promise<void> {
+    // Start on a later turn of the event loop: offer() itself does no reading, hashing or I/O.
+    await new Promise((r) => setImmediate(r));
     for (let next = lane.pending; next !== undefined; next = lane.pending) {
       lane.pending = undefined;
       try {
@@ -177,13 +179,17 @@ export class CheckpointSink {
     const { episodeId, seq } = checkpoint;
     const jobId = checkpointJobId(episodeId, seq);
     const stagedKey = newStagedKey(this.prefix, jobId);
-    await stageCheckpoint(this.redis, stagedKey, checkpoint, data, this.ttlMs);
     const payload: CheckpointJob = { episodeId, seq, stagedKey, createdAt: checkpoint.createdAt };
-    try {
-      await this.queue.add(CHECKPOINT_JOB, payload, { ...checkpointJobOptions, jobId });
-    } catch (err) {
+    // Stage and enqueue without waiting in between: one connection, so Redis applies the stage first
+    // and a writer never finds the job before its stage; both usually share one AOF fsync.
+    const [staged, added] = await Promise.allSettled([
+      stageCheckpoint(this.redis, stagedKey, checkpoint, data, this.ttlMs),
+      this.queue.add(CHECKPOINT_JOB, payload, { ...checkpointJobOptions, jobId }),
+    ]);
+    if (staged.status === 'rejected' || added.status === 'rejected') {
+      if (added.status === 'fulfilled') await this.queue.remove(jobId).catch(() => undefined);
       await this.redis.del(stagedKey).catch(() => undefined);
-      throw err;
+      throw staged.status === 'rejected' ? staged.reason : (added as PromiseRejectedResult).reason;
     }
     // The same seq offered again: the job that was there keeps its own stage, ours is not needed.
     const stored = await this.redis.hget(this.queue.toKey(jobId), 'data');

@@ -8,13 +8,13 @@
 // before deleting it, so a reader never meets a half-deleted one.
 import { createHash, randomBytes } from 'node:crypto';
 import { createReadStream } from 'node:fs';
-import { mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import { mkdir, open, readFile, readdir, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { z } from 'zod';
 import { CHECKPOINT_JSON, Checkpoint, SEQ_FOLDER, WORKSPACE_TAR, seqFolderName } from './checkpoint.ts';
-import { processEpisodeLock, type EpisodeLock } from './episode-lock.ts';
+import { processEpisodeLock, type EpisodeLock, type ReleaseLock } from './episode-lock.ts';
 
 const LATEST_JSON = 'latest.json';
 const LatestPointer = z.object({ seq: z.number().int().min(0) });
@@ -59,13 +59,6 @@ export interface CheckpointWriteResult {
 
 const isMissing = (err: unknown) => (err as NodeJS.ErrnoException).code === 'ENOENT';
 
-async function exists(p: string): Promise<boolean> {
-  return stat(p).then(() => true, (err: unknown) => {
-    if (isMissing(err)) return false;
-    throw err;
-  });
-}
-
 async function fsyncDir(dir: string): Promise<void> {
   const dh = await open(dir, 'r');
   try {
@@ -75,8 +68,8 @@ async function fsyncDir(dir: string): Promise<void> {
   }
 }
 
-async function writeDurable(file: string, data: string | Uint8Array): Promise<void> {
-  const fh = await open(file, 'wx');
+/** Write and fsync an open file, then close it. */
+async function fill(fh: FileHandle, data: string | Uint8Array): Promise<void> {
   try {
     await fh.writeFile(data);
     await fh.sync();
@@ -85,17 +78,22 @@ async function writeDurable(file: string, data: string | Uint8Array): Promise<vo
   }
 }
 
-/** Temp file (named like the temp folders, so a dead writer's is cleared too), fsync, rename, fsync of the folder. */
-async function replaceFileDurably(dir: string, name: string, data: string): Promise<void> {
-  const tmp = path.join(dir, tempName('latest'));
-  try {
-    await writeDurable(tmp, data);
-    await rename(tmp, path.join(dir, name));
-  } catch (err) {
-    await rm(tmp, { force: true }).catch(() => undefined);
-    throw err;
-  }
-  await fsyncDir(dir);
+async function writeDurable(file: string, data: string | Uint8Array): Promise<void> {
+  await fill(await open(file, 'wx'), data);
+}
+
+/** Settle every one, then throw the first failure: nothing is left running behind a clean-up. */
+async function allOrFirstError(work: Promise<unknown>[]): Promise<void> {
+  const failed = (await Promise.allSettled(work)).find((r) => r.status === 'rejected');
+  if (failed) throw failed.reason;
+}
+
+const pointerJson = (seq: number) => JSON.stringify({ seq, updatedAt: new Date().toISOString() });
+
+/** A latest.json written and fsynced under a temp name, ready to be renamed into place. */
+interface PreparedPointer {
+  seq: number;
+  file: string;
 }
 
 function processAlive(pid: number): boolean {
@@ -140,12 +138,30 @@ export class CheckpointStore {
     const dir = this.folder(episodeId);
     await this.ensureFolder(dir);
     const final = path.join(dir, seqFolderName(seq));
-    let outcome: CheckpointWriteResult['outcome'];
-    if (await exists(final)) outcome = 'already-written';
-    else if ((await this.seqs(episodeId)).filter((s) => s > seq).length >= this.keep) outcome = 'superseded';
-    else outcome = await this.writeFolder(dir, final, checkpoint, workspace.captured ? workspaceTar : undefined);
-    const latest = await this.lock.withLock(episodeId, () => this.publish(dir));
-    return { outcome, latest, ...(outcome !== 'superseded' && { dir: final }) };
+    const onDisk = await this.seqs(episodeId);
+    let outcome: CheckpointWriteResult['outcome'] | undefined;
+    if (onDisk.includes(seq)) outcome = 'already-written';
+    else if (onDisk.filter((s) => s > seq).length >= this.keep) outcome = 'superseded';
+    // The lock is taken while the folder is written, so waiting for it costs no extra time.
+    const held = this.lock.acquire(episodeId);
+    held.catch(() => undefined);
+    let prepared: PreparedPointer | undefined;
+    try {
+      if (outcome === undefined) ({ outcome, prepared } = await this.writeFolder(dir, final, checkpoint, workspace.captured ? workspaceTar : undefined));
+    } catch (err) {
+      held.then((release) => release(), () => undefined);
+      throw err;
+    }
+    let release: ReleaseLock | undefined;
+    try {
+      release = await held;
+      const latest = await this.publish(dir, prepared);
+      prepared = undefined;
+      return { outcome, latest, ...(outcome !== 'superseded' && { dir: final }) };
+    } finally {
+      release?.();
+      if (prepared) await rm(prepared.file, { force: true }).catch(() => undefined);
+    }
   }
 
   /** The checkpoint latest.json points at (or, without one, the newest folder), or undefined. */
@@ -199,26 +215,44 @@ export class CheckpointStore {
     for (const d of parents.reverse()) await fsyncDir(d);
   }
 
-  private async writeFolder(dir: string, final: string, checkpoint: Checkpoint, workspaceTar: Uint8Array | undefined): Promise<'written' | 'already-written'> {
+  /**
+   * Assemble the seq folder under a temp name and rename it into place; meanwhile prepare the
+   * latest.json that would point at it. Returns the prepared pointer when the folder was written.
+   */
+  private async writeFolder(dir: string, final: string, checkpoint: Checkpoint, workspaceTar: Uint8Array | undefined): Promise<{ outcome: 'written' | 'already-written'; prepared?: PreparedPointer }> {
     const tmp = path.join(dir, tempName(checkpoint.seq));
-    await mkdir(tmp);
+    const pointer: PreparedPointer = { seq: checkpoint.seq, file: path.join(dir, tempName('latest')) };
     let renamed = false;
+    let handedOver = false;
+    await mkdir(tmp);
     try {
-      await writeDurable(path.join(tmp, CHECKPOINT_JSON), JSON.stringify(checkpoint));
-      if (workspaceTar !== undefined) await writeDurable(path.join(tmp, WORKSPACE_TAR), workspaceTar);
-      await fsyncDir(tmp);
+      const json = await open(path.join(tmp, CHECKPOINT_JSON), 'wx');
+      const tar = workspaceTar && (await open(path.join(tmp, WORKSPACE_TAR), 'wx').catch(async (err: unknown) => {
+        await json.close();
+        throw err;
+      }));
+      // The files' names exist now: fsync the folder while their contents are written and fsynced
+      // (in parallel, so the fsyncs overlap), and while the would-be latest.json is prepared.
+      await allOrFirstError([
+        fill(json, JSON.stringify(checkpoint)),
+        ...(tar && workspaceTar ? [fill(tar, workspaceTar)] : []),
+        fsyncDir(tmp),
+        writeDurable(pointer.file, pointerJson(checkpoint.seq)),
+      ]);
       try {
         await rename(tmp, final);
         renamed = true;
       } catch (err) {
         const code = (err as NodeJS.ErrnoException).code;
-        if (code === 'ENOTEMPTY' || code === 'EEXIST') return 'already-written'; // another writer won
+        if (code === 'ENOTEMPTY' || code === 'EEXIST') return { outcome: 'already-written' }; // another writer won
         throw err;
       }
       await fsyncDir(dir);
-      return 'written';
+      handedOver = true;
+      return { outcome: 'written', prepared: pointer };
     } finally {
       if (!renamed) await rm(tmp, { recursive: true, force: true }).catch(() => undefined);
+      if (!handedOver) await rm(pointer.file, { force: true }).catch(() => undefined);
     }
   }
 
@@ -234,17 +268,32 @@ export class CheckpointStore {
   /**
    * Under the episode's lock: point latest.json at the newest folder if that is newer than where it
    * points (so a writer that died between rename and publish is caught up by the next one), prune
-   * beyond `keep`, clear abandoned temp folders. Returns the seq latest.json points at.
+   * beyond `keep`, clear abandoned temp folders. Returns the seq latest.json points at. A prepared
+   * pointer is used when it names the newest folder, and removed otherwise.
    */
-  private async publish(dir: string): Promise<number> {
-    const names = await readdir(dir);
-    const seqs = names.filter((n) => SEQ_FOLDER.test(n)).map(Number).sort((a, b) => a - b);
-    const current = (await this.readPointer(dir))?.seq ?? -1;
-    const newest = seqs.at(-1) ?? -1;
-    let latest = current;
-    if (newest > current) {
-      await replaceFileDurably(dir, LATEST_JSON, JSON.stringify({ seq: newest, updatedAt: new Date().toISOString() }));
-      latest = newest;
+  private async publish(dir: string, prepared: PreparedPointer | undefined): Promise<number> {
+    let used = false;
+    let latest: number;
+    let names: string[];
+    let seqs: number[];
+    try {
+      names = await readdir(dir);
+      seqs = names.filter((n) => SEQ_FOLDER.test(n)).map(Number).sort((a, b) => a - b);
+      latest = (await this.readPointer(dir))?.seq ?? -1;
+      const newest = seqs.at(-1) ?? -1;
+      if (newest > latest) {
+        const file = prepared?.seq === newest ? prepared.file : path.join(dir, tempName('latest'));
+        if (file !== prepared?.file) await writeDurable(file, pointerJson(newest));
+        used = file === prepared?.file;
+        await rename(file, path.join(dir, LATEST_JSON)).catch(async (err: unknown) => {
+          await rm(file, { force: true }).catch(() => undefined);
+          throw err;
+        });
+        await fsyncDir(dir);
+        latest = newest;
+      }
+    } finally {
+      if (prepared && !used) await rm(prepared.file, { force: true }).catch(() => undefined);
     }
     const prune = seqs.slice(0, Math.max(0, seqs.length - this.keep)).filter((s) => s !== latest);
     await Promise.all(prune.map(async (s) => {

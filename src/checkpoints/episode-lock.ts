@@ -6,24 +6,28 @@
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
 
+/** Gives up the lock; returns at once (a remote release goes out in the background). */
+export type ReleaseLock = () => void;
+
 export interface EpisodeLock {
-  withLock<T>(episodeId: string, fn: () => Promise<T>): Promise<T>;
+  /** Resolves once this caller holds the episode's lock. */
+  acquire(episodeId: string): Promise<ReleaseLock>;
 }
 
 /** Mutual exclusion within this process only. */
 export function processEpisodeLock(): EpisodeLock {
-  const tails = new Map<string, Promise<unknown>>();
+  const tails = new Map<string, Promise<void>>();
   return {
-    async withLock<T>(episodeId: string, fn: () => Promise<T>): Promise<T> {
+    async acquire(episodeId: string): Promise<ReleaseLock> {
       const before = tails.get(episodeId) ?? Promise.resolve();
-      const run = before.then(fn, fn);
-      const tail = run.catch(() => undefined);
+      let done!: () => void;
+      const tail = before.then(() => new Promise<void>((resolve) => (done = resolve)));
       tails.set(episodeId, tail);
-      try {
-        return await run;
-      } finally {
+      await before;
+      return () => {
+        done();
         if (tails.get(episodeId) === tail) tails.delete(episodeId);
-      }
+      };
     },
   };
 }
@@ -43,21 +47,26 @@ export function redisEpisodeLock(redis: Redis, prefix: string, opts: RedisEpisod
   const waitMs = opts.waitMs ?? 30_000;
   const local = processEpisodeLock();
   return {
-    withLock<T>(episodeId: string, fn: () => Promise<T>): Promise<T> {
-      return local.withLock(episodeId, async () => {
-        const key = `${prefix}:checkpoint-lock:${episodeId}`;
-        const token = randomBytes(8).toString('hex');
-        const until = Date.now() + waitMs;
+    async acquire(episodeId: string): Promise<ReleaseLock> {
+      const releaseLocal = await local.acquire(episodeId);
+      const key = `${prefix}:checkpoint-lock:${episodeId}`;
+      const token = randomBytes(8).toString('hex');
+      const until = Date.now() + waitMs;
+      try {
         while ((await redis.set(key, token, 'PX', ttlMs, 'NX')) !== 'OK') {
           if (Date.now() > until) throw new Error(`checkpoint lock of ${episodeId} not acquired within ${waitMs} ms`);
           await new Promise((r) => setTimeout(r, 5 + Math.random() * 20));
         }
-        try {
-          return await fn();
-        } finally {
-          await redis.eval(RELEASE, 1, key, token).catch(() => undefined);
-        }
-      });
+      } catch (err) {
+        releaseLocal();
+        throw err;
+      }
+      return () => {
+        // Sent before anything this process sends afterwards on the same connection, so a local
+        // waiter's SET NX (next in line) always finds the key gone; if the release is lost, the lease expires.
+        redis.eval(RELEASE, 1, key, token).catch(() => undefined);
+        releaseLocal();
+      };
     },
   };
 }
