@@ -111,6 +111,8 @@ export class CheckpointStore {
   private readonly staleTempMs: number;
 
   private readonly dataDir: string;
+  /** Episode folders known to exist (bounded: forgotten wholesale past 10,000). */
+  private readonly known = new Set<string>();
 
   constructor(dataDir: string, opts: CheckpointStoreOptions = {}) {
     this.dataDir = path.resolve(dataDir);
@@ -150,6 +152,7 @@ export class CheckpointStore {
       if (outcome === undefined) ({ outcome, prepared } = await this.writeFolder(dir, final, checkpoint, workspace.captured ? workspaceTar : undefined));
     } catch (err) {
       held.then((release) => release(), () => undefined);
+      this.known.delete(dir); // in case the folder was removed under us: the retry creates it again
       throw err;
     }
     let release: ReleaseLock | undefined;
@@ -206,7 +209,10 @@ export class CheckpointStore {
   }
 
   private async ensureFolder(dir: string): Promise<void> {
+    if (this.known.has(dir)) return;
+    if (this.known.size >= 10_000) this.known.clear();
     const first = await mkdir(dir, { recursive: true });
+    this.known.add(dir);
     if (first === undefined) return;
     // Make the new folders' names durable: fsync the parent of every folder just created.
     const parents: string[] = [];
