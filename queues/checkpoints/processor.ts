@@ -6,7 +6,7 @@ import { UnrecoverableError } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { CheckpointStore } from '../../src/checkpoints/checkpoint-store.ts';
-import { loadStaged, stagedKeyPrefix } from '../../src/checkpoints/checkpoint-staging.ts';
+import { InvalidStagedCheckpoint, loadStaged, stagedKeyPrefix } from '../../src/checkpoints/checkpoint-staging.ts';
 import { describeIssues } from '../../src/config/zod-issues.ts';
 import { CheckpointJob, type CheckpointResult } from './contract.ts';
 
@@ -32,7 +32,8 @@ export function checkpointProcessor(deps: CheckpointProcessorDeps) {
     try {
       staged = await loadStaged(redis, stagedKey);
     } catch (err) {
-      throw new UnrecoverableError(`staged checkpoint ${stagedKey} is unreadable: ${(err as Error).message}`);
+      if (err instanceof InvalidStagedCheckpoint) throw new UnrecoverableError(err.message);
+      throw err;
     }
     if (staged === undefined) {
       // Deleted after an earlier attempt wrote it (the writer died before completing the job), or expired.

@@ -158,6 +158,11 @@ export class CheckpointSink {
     await this.queue.close();
   }
 
+  private async jobStagedKey(jobId: string): Promise<string | undefined> {
+    const data = await this.redis.hget(this.queue.toKey(jobId), 'data');
+    return data === null ? undefined : (JSON.parse(data) as { stagedKey?: string }).stagedKey;
+  }
+
   private async pump(lane: Lane): Promise<void> {
     // Start on a later turn of the event loop: offer() itself does no reading, hashing or I/O.
     await new Promise((r) => setImmediate(r));
@@ -186,15 +191,16 @@ export class CheckpointSink {
       stageCheckpoint(this.redis, stagedKey, checkpoint, data, this.ttlMs),
       this.queue.add(CHECKPOINT_JOB, payload, { ...checkpointJobOptions, jobId }),
     ]);
+    // The same seq may have been handed over before: then the job that was there keeps its own stage.
+    // Unknown (Redis failed us just now): leave the stage to its TTL rather than risk the job's.
+    const owner = added.status === 'fulfilled' ? await this.jobStagedKey(jobId).catch(() => 'unknown') : undefined;
+    const ours = owner === stagedKey;
     if (staged.status === 'rejected' || added.status === 'rejected') {
-      if (added.status === 'fulfilled') await this.queue.remove(jobId).catch(() => undefined);
+      if (ours) await this.queue.remove(jobId).catch(() => undefined);
       await this.redis.del(stagedKey).catch(() => undefined);
       throw staged.status === 'rejected' ? staged.reason : (added as PromiseRejectedResult).reason;
     }
-    // The same seq offered again: the job that was there keeps its own stage, ours is not needed.
-    const stored = await this.redis.hget(this.queue.toKey(jobId), 'data');
-    const ours = stored !== null && (JSON.parse(stored) as { stagedKey?: string }).stagedKey === stagedKey;
-    if (!ours) await this.redis.del(stagedKey);
+    if (!ours && owner !== 'unknown') await this.redis.del(stagedKey);
     this.stats.handedOver += 1;
     lane.lastSeq = seq;
 
@@ -205,14 +211,20 @@ export class CheckpointSink {
         keep.push(older);
         continue;
       }
-      const state = await this.queue.getJobState(older.jobId);
-      if (state === 'active') keep.push(older);
-      if (!REMOVABLE.has(state)) continue;
-      // remove() refuses (0) a job a writer has locked meanwhile: that one is being written, it stays.
-      if ((await this.queue.remove(older.jobId)) === 1) {
-        await this.redis.del(older.stagedKey);
-        this.stats.superseded += 1;
-      } else {
+      try {
+        const state = await this.queue.getJobState(older.jobId);
+        if (state === 'active') keep.push(older);
+        if (!REMOVABLE.has(state)) continue;
+        // remove() refuses (0) a job a writer has locked meanwhile: that one is being written, it stays.
+        if ((await this.queue.remove(older.jobId)) === 1) {
+          await this.redis.del(older.stagedKey);
+          this.stats.superseded += 1;
+        } else {
+          keep.push(older);
+        }
+      } catch (err) {
+        // The hand-off itself succeeded; the older one is simply written too.
+        this.log.warn({ episodeId, seq: older.seq, err: (err as Error).message }, 'superseded checkpoint not removed');
         keep.push(older);
       }
     }

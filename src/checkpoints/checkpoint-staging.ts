@@ -23,15 +23,28 @@ export interface StagedCheckpoint {
   workspace?: Buffer;
 }
 
-/** The staged checkpoint, or undefined when it is gone (written and deleted, superseded, or expired). */
+/** A stage that cannot be a checkpoint: retrying will not help. */
+export class InvalidStagedCheckpoint extends Error {
+  override readonly name = 'InvalidStagedCheckpoint';
+}
+
+/**
+ * The staged checkpoint, or undefined when it is gone (written and deleted, superseded, or expired).
+ * Throws InvalidStagedCheckpoint for a malformed stage; Redis errors pass through (worth a retry).
+ */
 export async function loadStaged(redis: Redis, key: string): Promise<StagedCheckpoint | undefined> {
   const fields = await redis.hgetallBuffer(key);
   const json = fields.checkpoint;
   if (json === undefined) return undefined;
-  const checkpoint = Checkpoint.parse(JSON.parse(json.toString('utf8')));
+  let checkpoint: Checkpoint;
+  try {
+    checkpoint = Checkpoint.parse(JSON.parse(json.toString('utf8')));
+  } catch (err) {
+    throw new InvalidStagedCheckpoint(`staged checkpoint ${key} is not a checkpoint: ${(err as Error).message}`, { cause: err });
+  }
   const workspace = fields.workspace;
   if (checkpoint.workspace.captured && workspace?.length !== checkpoint.workspace.bytes) {
-    throw new Error(`staged workspace of ${key} has ${workspace?.length ?? 0} bytes, the checkpoint says ${checkpoint.workspace.bytes}`);
+    throw new InvalidStagedCheckpoint(`staged workspace of ${key} has ${workspace?.length ?? 0} bytes, the checkpoint says ${checkpoint.workspace.bytes}`);
   }
   return { checkpoint, ...(checkpoint.workspace.captured && workspace && { workspace }) };
 }

@@ -193,6 +193,24 @@ describe('checkpoint pipeline', () => {
     expect(latest.checkpoint).toMatchObject({ episodeId: 'capped', seq: 1, turn: 1, usage: { totalTokens: 110 }, agentMs: 1_000 });
   });
 
+  it('offer() checks the checkpoint at once, destroys the stream of a replaced offer, and refuses offers after close', async () => {
+    const { prefix } = await scope();
+    const s = sink(prefix);
+    const tar = streamOf(await workspaceTar(8 * 1024));
+    expect(() => s.offer({ ...offerOf('Bad Id', 0) }, tar)).toThrow(/episodeId: lower-case letters/);
+    expect(tar.destroyed).toBe(true);
+    const replaced = streamOf(await workspaceTar(8 * 1024));
+    s.offer(offerOf('api', 0), undefined);
+    s.offer(offerOf('api', 1), replaced);
+    s.offer(offerOf('api', 2), undefined);
+    expect(replaced.destroyed).toBe(true);
+    expect(await s.flush('api')).toBe(2);
+    // All three came before the hand-off started (it waits a turn of the event loop): only the last went.
+    expect(s.stats).toMatchObject({ offered: 3, replaced: 2, handedOver: 1, failed: 0 });
+    await s.close();
+    expect(() => s.offer(offerOf('api', 3), undefined)).toThrow(/closed/);
+  });
+
   it('ignores abandoned temp folders and removes them: at once when their writer is dead, by age otherwise', async () => {
     const { dataDir } = await scope();
     const store = new CheckpointStore(dataDir, { staleTempMs: 60_000 });
