@@ -5,7 +5,7 @@
 // writer exits 0 and releases its Redis connections.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { readFile, readdir, stat } from 'node:fs/promises';
+import { readFile, readdir, rm, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -55,6 +55,7 @@ describe('checkpoint writer killed mid-write', () => {
     await sink?.close();
     await queue?.close();
     await env?.close();
+    if (env) await rm(env.dataDir, { recursive: true, force: true });
   });
 
   const store = () => new CheckpointStore(env.dataDir);

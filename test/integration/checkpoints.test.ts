@@ -4,7 +4,7 @@
 // recorded as not captured, with the reason; abandoned temp folders are ignored and cleaned up.
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdir, mkdtemp, readFile, readdir, stat, utimes, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, readdir, rm, stat, utimes, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { createHash, randomBytes } from 'node:crypto';
@@ -27,6 +27,7 @@ describe('checkpoint pipeline', () => {
   async function scope() {
     const prefix = `${env.prefix}${randomBytes(3).toString('hex')}`;
     const dataDir = await mkdtemp(path.join(os.tmpdir(), 'rf-cp-'));
+    closers.unshift(() => rm(dataDir, { recursive: true, force: true }));
     const queue = new Queue(CHECKPOINTS_QUEUE, { connection: env.client, prefix });
     closers.push(() => queue.close());
     return { prefix, dataDir, queue };
