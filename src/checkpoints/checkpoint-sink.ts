@@ -110,7 +110,8 @@ export class CheckpointSink {
 
   /**
    * Hand a checkpoint to the writer; returns at once. `workspaceTar` (what `getArchive(workdir)`
-   * returned) is read later, by the hand-off; a replaced offer's stream is destroyed unread.
+   * returned) is read later, by the hand-off; a replaced offer's stream is destroyed unread. Of the
+   * offers waiting for the episode's hand-off, the one with the highest seq (the latest on a tie) wins.
    * Throws a TypeError for an invalid checkpoint, an Error once the sink is closed.
    */
   offer(checkpoint: CheckpointOffer, workspaceTar: Readable | undefined): void {
@@ -129,6 +130,12 @@ export class CheckpointSink {
     if (lane === undefined) {
       lane = { queued: [] };
       this.lanes.set(episodeId, lane);
+    }
+    if (lane.pending && lane.pending.offer.seq > parsed.data.seq) {
+      // Offers can arrive out of order (each waited for its own getArchive): the newer one stays.
+      workspaceTar?.destroy();
+      this.stats.replaced += 1;
+      return;
     }
     if (lane.pending) {
       lane.pending.tar?.destroy();

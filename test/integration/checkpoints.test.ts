@@ -208,8 +208,12 @@ describe('checkpoint pipeline', () => {
     expect(await s.flush('api')).toBe(2);
     // All three came before the hand-off started (it waits a turn of the event loop): only the last went.
     expect(s.stats).toMatchObject({ offered: 3, replaced: 2, handedOver: 1, failed: 0 });
+    // Out of order (two getArchive calls finishing the other way round): the higher seq stays.
+    s.offer(offerOf('api', 5), undefined);
+    s.offer(offerOf('api', 4), undefined);
+    expect(await s.flush('api')).toBe(5);
     await s.close();
-    expect(() => s.offer(offerOf('api', 3), undefined)).toThrow(/closed/);
+    expect(() => s.offer(offerOf('api', 6), undefined)).toThrow(/closed/);
   });
 
   it('ignores abandoned temp folders and removes them: at once when their writer is dead, by age otherwise', async () => {
