@@ -1,27 +1,42 @@
 // The `checkpoints` queue: the background writer. The episode worker hands each checkpoint over and
-// goes on; the writer persists it atomically and keeps the latest per episode.
+// goes on; the writer persists it atomically and keeps the latest per episode. The payload only points
+// at the staged checkpoint (a Redis hash with a TTL, see src/checkpoints/checkpoint-staging.ts), so
+// transcripts and workspace tars never sit in job data, completed jobs included.
 import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
+import { EpisodeIdForCheckpoint } from '../../src/checkpoints/checkpoint.ts';
 
 export const CHECKPOINTS_QUEUE = 'checkpoints';
+export const CHECKPOINT_JOB = 'checkpoint';
 
 export const CheckpointJob = z.strictObject({
-  episodeId: z.string().regex(/^[a-z0-9][a-z0-9_.-]{0,199}$/, 'lower-case letters, digits, ., - and _'),
-  /** Increases by one per checkpoint of the episode; the same seq written twice is one checkpoint. */
+  episodeId: EpisodeIdForCheckpoint,
+  /** Increases with every checkpoint of the episode; the same seq written twice is one checkpoint. */
   seq: z.number().int().min(0),
-  /** What the agent needs to resume (transcript, counters); kept small, large parts go elsewhere. */
-  state: z.record(z.string(), z.unknown()),
+  /** Redis key of the staged checkpoint; the writer deletes it once the checkpoint is on disk. */
+  stagedKey: z.string().min(1),
+  /** When the agent emitted the checkpoint. */
   createdAt: z.iso.datetime(),
 });
 export type CheckpointJob = z.infer<typeof CheckpointJob>;
 
-export const CheckpointResult = z.object({ file: z.string(), latest: z.number().int() });
+export const CheckpointResult = z.object({
+  /** written: now on disk; already-written: that seq was on disk; superseded: `keep` newer ones were. */
+  outcome: z.enum(['written', 'already-written', 'superseded']),
+  /** The seq latest.json points at afterwards. */
+  latest: z.number().int(),
+  /** The checkpoint's folder (unless superseded). */
+  dir: z.string().optional(),
+  /** When the writer had it (and latest.json) durable on disk. */
+  durableAt: z.iso.datetime(),
+});
 export type CheckpointResult = z.infer<typeof CheckpointResult>;
 
 export const checkpointJobOptions = {
   attempts: 5,
   backoff: { type: 'exponential', delay: 200 },
-  removeOnComplete: { count: 1_000 },
+  // Completed jobs are a few bytes each (the staged data is deleted once written).
+  removeOnComplete: { age: 3600, count: 1_000 },
   removeOnFail: { age: 7 * 24 * 3600 },
 } as const satisfies JobsOptions;
 

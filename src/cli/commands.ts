@@ -51,6 +51,7 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     retryBudgets: { infra: config.FLEET_INFRA_RETRIES, model: config.FLEET_MODEL_RETRIES },
     runtimeMaxIdleMs: config.FLEET_RUNTIME_MAX_IDLE_MS,
     ...(config.MODEL_BASE_URL !== undefined && { model: modelSettings(config, config.MODEL_BASE_URL) }),
+    checkpointKeep: config.FLEET_CHECKPOINT_KEEP,
   });
   const [signal] = await Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
   log.info({ signal, running: handle.running.size, drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS }, 'draining');

@@ -2,6 +2,7 @@
 // non-zero exit code.
 import { ConfigError } from '../config/config.ts';
 import { FleetError } from '../errors/fleet-error.ts';
+import { checkpointWriterCommand } from './checkpoint-writer-command.ts';
 import { enqueueCommand, resultsCommand, statusCommand, workerCommand } from './commands.ts';
 import { cancelCommand, retryCommand } from './control-commands.ts';
 import { UsageError, cliContext, type Cli } from './context.ts';
@@ -11,6 +12,7 @@ import { modelStubCommand } from './model-stub-command.ts';
 
 const USAGE = `usage: rollout-fleet <command>
   worker [--concurrency N]                 run episodes (and cleanup, checkpoint writing) until SIGTERM
+  checkpoint-writer [--concurrency N]      run only the checkpoint writer until SIGTERM
   enqueue <batch.yaml> [--wait] [--json]   enqueue a batch; prints its id
   status <batch-id> [--json]               counts by status, mean reward, done or not
   results <batch-id> --format jsonl        one result per line
@@ -32,6 +34,7 @@ const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = 
   retry: retryCommand,
   'model-stub': modelStubCommand,
   dashboard: dashboardCommand,
+  'checkpoint-writer': checkpointWriterCommand,
 };
 
 export async function main(argv: string[]): Promise<number> {

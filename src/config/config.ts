@@ -43,6 +43,14 @@ export const FleetConfig = z.object({
   FLEET_INFRA_RETRIES: z.coerce.number().int().min(0).max(MAX_RETRIES_PER_KIND).default(DEFAULT_RETRY_BUDGETS.infra),
   /** Further attempts after model endpoint failures. @default 2 */
   FLEET_MODEL_RETRIES: z.coerce.number().int().min(0).max(MAX_RETRIES_PER_KIND).default(DEFAULT_RETRY_BUDGETS.model),
+  /** Checkpoints kept on disk per episode (the newest ones). @default 5 */
+  FLEET_CHECKPOINT_KEEP: positiveInt.default(5),
+  /** A checkpoint's workspace tar larger than this is not captured (the checkpoint says why). @default 8388608 */
+  FLEET_CHECKPOINT_WORKSPACE_CAP_BYTES: positiveInt.default(8 * 1024 * 1024),
+  /** A checkpoint staged in Redis that no writer took expires after this long. @default 86400000 */
+  FLEET_CHECKPOINT_STAGED_TTL_MS: positiveInt.default(24 * 3600 * 1000),
+  /** Checkpoints one writer writes at once. @default 4 */
+  FLEET_CHECKPOINT_WRITER_CONCURRENCY: positiveInt.default(4),
   /**
    * The model endpoint the per-episode model proxy forwards to: an OpenAI-compatible base URL ending
    * before `/chat/completions`, e.g. http://127.0.0.1:8000/v1. Unset: episodes run no model proxy.

@@ -8,8 +8,6 @@ import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { BATCHES_QUEUE } from '../../queues/batches/contract.ts';
 import { batchProcessor } from '../../queues/batches/processor.ts';
-import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
-import { checkpointProcessor } from '../../queues/checkpoints/processor.ts';
 import { CLEANUP_QUEUE, CleanupJob, REAPER_SCHEDULER_ID, REAP_JOB, REMOVE_SANDBOX_JOB, cleanupJobId, cleanupJobOptions } from '../../queues/cleanup/contract.ts';
 import { cleanupProcessor } from '../../queues/cleanup/processor.ts';
 import { EPISODES_QUEUE, episodeBackoffMs } from '../../queues/episodes/contract.ts';
@@ -17,7 +15,6 @@ import { RetryableEpisodeError, episodeProcessor, type RetryBudgets } from '../.
 import path from 'node:path';
 import { REFERENCE_AGENT_PATH } from '../agent/llm-agent.ts';
 import { bundleReferenceAgent } from '../agent/reference/bundle-agent.ts';
-import { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
 import type { ModelSettings } from '../episode/run-episode.ts';
 import { prepareRuntime } from '../runtime/prepare-runtime.ts';
 import { defaultRuntimeInputs, type RuntimeInputs } from '../runtime/runtime-inputs.ts';
@@ -27,6 +24,7 @@ import { RunningEpisodes } from '../episode/running-episodes.ts';
 import { EvidenceStore } from '../evidence/evidence-store.ts';
 import type { ExtractLimits } from '../evidence/safe-extract.ts';
 import { ResultsStore } from '../results/results-store.ts';
+import { startCheckpointWriter } from './checkpoint-writer.ts';
 import { startLease } from './lease.ts';
 
 export interface WorkerOptions {
@@ -55,6 +53,8 @@ export interface WorkerOptions {
   model?: ModelSettings;
   /** Runtime generations no sandbox used for this long are removed by the reaper. @default 7 days */
   runtimeMaxIdleMs?: number;
+  /** Checkpoints kept per episode by this process's checkpoint writer. @default 5 */
+  checkpointKeep?: number;
 }
 
 export interface WorkerHandle {
@@ -146,9 +146,9 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     { ...workerOpts, concurrency: 4 },
   );
   const batches = new Worker(BATCHES_QUEUE, batchProcessor(results), { ...workerOpts, concurrency: 2 });
-  const checkpoints = new Worker(CHECKPOINTS_QUEUE, checkpointProcessor(new CheckpointStore(opts.dataDir)), { ...workerOpts, concurrency: 4 });
+  const checkpoints = startCheckpointWriter({ connection, prefix, dataDir: opts.dataDir, log, name: workerId, lockDurationMs: lockDuration, keep: opts.checkpointKeep });
 
-  for (const w of [episodes, cleanup, checkpoints, batches]) {
+  for (const w of [episodes, cleanup, batches]) {
     w.on('error', (err) => log.error({ queue: w.name, err: err.message }, 'worker error'));
   }
   episodes.on('failed', (job: Job | undefined, err: Error) => {

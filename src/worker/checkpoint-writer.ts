@@ -1,0 +1,45 @@
+// The checkpoint writer: a BullMQ Worker on the `checkpoints` queue. Runs inside every worker process
+// and, on its own, as `rollout-fleet checkpoint-writer`; writers sharing a data folder coordinate
+// latest.json through a per-episode lock in Redis.
+import { Worker } from 'bullmq';
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
+import { checkpointProcessor } from '../../queues/checkpoints/processor.ts';
+import { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
+import { redisEpisodeLock } from '../checkpoints/episode-lock.ts';
+
+export interface CheckpointWriterOptions {
+  /** Shared with the caller, who closes it after the writer. */
+  connection: Redis;
+  prefix: string;
+  dataDir: string;
+  log: Logger;
+  /** This writer's name in BullMQ (the worker id). */
+  name: string;
+  /** Checkpoints written at once. @default 4 */
+  concurrency?: number;
+  /** BullMQ lock duration; a job of a killed writer is taken over after about this long. @default 30000 */
+  lockDurationMs?: number;
+  /** Checkpoints kept per episode. @default 5 */
+  keep?: number;
+}
+
+export function startCheckpointWriter(opts: CheckpointWriterOptions): Worker {
+  const { connection, prefix, log } = opts;
+  const lockDuration = opts.lockDurationMs ?? 30_000;
+  const store = new CheckpointStore(opts.dataDir, { keep: opts.keep ?? 5, lock: redisEpisodeLock(connection, prefix) });
+  const worker = new Worker(CHECKPOINTS_QUEUE, checkpointProcessor({ store, redis: connection, prefix, log }), {
+    connection,
+    prefix,
+    name: opts.name,
+    concurrency: opts.concurrency ?? 4,
+    lockDuration,
+    stalledInterval: lockDuration,
+    // Writing is idempotent, so a job whose writer was killed (again) is simply written again.
+    maxStalledCount: 10,
+  });
+  worker.on('error', (err) => log.error({ queue: CHECKPOINTS_QUEUE, err: err.message }, 'worker error'));
+  worker.on('failed', (job, err) => log.warn({ jobId: job?.id, attemptsMade: job?.attemptsMade, err: err.message }, 'checkpoint write failed'));
+  return worker;
+}
