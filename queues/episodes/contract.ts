@@ -59,6 +59,8 @@ export const EpisodeResult = z.object({
   verifier: Captured.optional(),
   /** The runtime generation the sandbox mounted, whether it was already installed, and preparation time. */
   runtime: z.object({ generationId: z.string(), warm: z.boolean(), prepareMs: z.number() }).optional(),
+  /** The checkpoint (seq) this attempt resumed from, when an earlier attempt left one. */
+  resumedFrom: z.number().int().optional(),
   /** Model tokens the agent used (LLM agents only). */
   usage: z.object({ promptTokens: z.number(), completionTokens: z.number(), totalTokens: z.number() }).optional(),
   /** The kernel killed the sandbox for exceeding its memory limit. */

@@ -52,6 +52,8 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     runtimeMaxIdleMs: config.FLEET_RUNTIME_MAX_IDLE_MS,
     ...(config.MODEL_BASE_URL !== undefined && { model: modelSettings(config, config.MODEL_BASE_URL) }),
     checkpointKeep: config.FLEET_CHECKPOINT_KEEP,
+    checkpointWorkspaceCapBytes: config.FLEET_CHECKPOINT_WORKSPACE_CAP_BYTES,
+    checkpointStagedTtlMs: config.FLEET_CHECKPOINT_STAGED_TTL_MS,
   });
   const [signal] = await Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
   log.info({ signal, running: handle.running.size, drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS }, 'draining');

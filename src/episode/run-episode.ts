@@ -10,6 +10,9 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { EpisodeJob, EpisodeResult } from '../../queues/episodes/contract.ts';
 import { createAgent, type AgentRun } from '../agent/agent.ts';
+import type { AgentInput } from '../agent/reference/agent-input.ts';
+
+type AgentResume = NonNullable<AgentInput['resume']>;
 import { stopOf, type StopReason } from '../errors/episode-stop.ts';
 import { FleetError, toFleetError } from '../errors/fleet-error.ts';
 import type { EvidenceStore } from '../evidence/evidence-store.ts';
@@ -21,6 +24,8 @@ import { getTaskArchive } from '../tasks/task-store.ts';
 import { agentCeilingSec } from '../tasks/task-spec.ts';
 import { MODEL_CALLS_FILE, modelSocketPath, startModelProxy, type ModelProxy } from '../model/model-proxy.ts';
 import type { RuntimeGeneration } from '../runtime/prepare-runtime.ts';
+import type { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
+import type { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
 import type { EpisodeControl } from './episode-control.ts';
 
 /** Where the hidden tests are copied for verification, after the agent stopped. */
@@ -47,6 +52,8 @@ export interface EpisodeDeps {
   dataDir: string;
   /** The model endpoint behind every episode's proxy; unset, agents that need a model fail (kind model). */
   model: ModelSettings | undefined;
+  /** Where the agent's checkpoints go (never awaited by the agent) and where a retry finds the latest. */
+  checkpoints: { sink: CheckpointSink; store: CheckpointStore };
 }
 
 export interface ModelSettings {
@@ -95,6 +102,8 @@ function phaseSignal(parent: AbortSignal, ms: number, error: () => FleetError): 
 const summary = (run: AgentRun | ExecResult) => ({ exitCode: run.exitCode, timedOut: run.timedOut, durationMs: run.durationMs });
 
 interface Attempt {
+  /** The checkpoint this attempt resumed from. */
+  resumedFrom?: number;
   archive?: TaskArchive;
   runtime?: RuntimeGeneration;
   proxy?: ModelProxy;
@@ -157,6 +166,7 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
     ...(state.runtime && { runtime: { generationId: state.runtime.generationId, warm: state.runtime.warm, prepareMs: state.runtime.prepareMs } }),
     ...(state.agentRun && { agent: summary(state.agentRun) }),
     ...(state.agentRun?.usage && { usage: state.agentRun.usage }),
+    ...(state.resumedFrom !== undefined && { resumedFrom: state.resumedFrom }),
     ...(state.verifyRun && { verifier: summary(state.verifyRun) }),
     ...(oomKilled !== undefined && { oomKilled }),
     startedAt: startedAt.toISOString(),
@@ -208,12 +218,27 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
   timings.setupMs = since(tSetup);
   log.info({ containerId: state.containerId, setupMs: timings.setupMs, runtime: runtime.generationId.slice(0, 12), warm: runtime.warm }, 'sandbox ready');
 
-  // The agent, under its ceiling: the deadline minus the set-up, verification and close reserves.
-  const ceilingMs = agentCeilingSec(task) * 1000;
+  // Resume: a retried llm episode continues from its latest durable checkpoint, workspace included.
+  const resume = job.agent.kind === 'llm' ? await resumePoint(attempt, deps, session, state, log) : undefined;
+
+  // The agent, under its ceiling: the deadline minus the set-up, verification and close reserves,
+  // minus the agent time earlier attempts already used.
+  const ceilingMs = Math.max(0, agentCeilingSec(task) * 1000 - (resume?.agentMs ?? 0));
   const agentRun = await createAgent(job.agent).run({
     session, task, archive, ceilingMs, outputCapBytes: deps.outputCapBytes, signal,
     runtimeMountPath: runtime.mountPath,
     ...(state.proxy && { modelSocket: state.proxy.socketPath }),
+    ...(resume && { resume }),
+    onEvent: (event) => {
+      if (event.type !== 'checkpoint') return;
+      // The agent goes on at once: the snapshot is read and handed to the writer in the background.
+      const { type: _type, ...cp } = event;
+      const offer = { ...cp, episodeId: job.episodeId, createdAt: new Date().toISOString() };
+      session.getArchive(task.workdir).then(
+        (tar) => deps.checkpoints.sink.offer(offer, tar),
+        () => deps.checkpoints.sink.offer(offer, undefined),
+      );
+    },
   }).catch((err: unknown) => {
     // An agent that crashed still leaves its output as evidence.
     const crashed = (err as { agentRun?: AgentRun }).agentRun;
@@ -257,6 +282,8 @@ async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
   let oomKilled: boolean | undefined;
 
   const collect = async () => {
+    // Checkpoints still being handed over read the sandbox's workspace: let them finish first.
+    await deps.checkpoints.sink.flush(job.episodeId, closeSignal).catch((err: unknown) => log.warn({ err: String(err) }, 'checkpoint hand-over unfinished at close'));
     await Promise.all([
       state.agentRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'agent', state.agentRun),
       state.verifyRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'verifier', state.verifyRun),
@@ -325,4 +352,19 @@ async function startEpisodeProxy(attempt: EpisodeAttempt, deps: EpisodeDeps, log
     requestTimeoutMs: deps.model.requestTimeoutMs,
     retry: { retries: deps.model.upstreamRetries },
   });
+}
+
+/** The latest durable checkpoint, its workspace restored into the sandbox; undefined when none. */
+async function resumePoint(attempt: EpisodeAttempt, deps: EpisodeDeps, session: SandboxSession, state: Attempt, log: Logger): Promise<AgentResume | undefined> {
+  const { job } = attempt;
+  const latest = await deps.checkpoints.store.latest(job.episodeId);
+  if (latest === undefined) return undefined;
+  const { checkpoint } = latest;
+  if (latest.workspaceTar) {
+    // The tar holds the workdir under its base name (what getArchive gave): unpack it in the parent.
+    await session.putArchive(latest.workspaceTar.open(), path.posix.dirname(job.task.workdir), attempt.signal);
+  }
+  state.resumedFrom = checkpoint.seq;
+  log.info({ seq: checkpoint.seq, turn: checkpoint.turn, agentMs: checkpoint.agentMs, workspace: checkpoint.workspace.captured }, 'resuming from checkpoint');
+  return { turn: checkpoint.turn, messages: checkpoint.messages, usage: checkpoint.usage, agentMs: checkpoint.agentMs };
 }

@@ -3,8 +3,8 @@
 // was, and the same (episode, task, turn) always gets the same answer.
 //
 // Solving script (n = number of solution files):
-//   turns 0..n-1  write_file /tmp/solution/<rel> with each file of solution/
-//   turn n        bash "cd <workdir> && SOLUTION_DIR=/tmp/solution sh /tmp/solution/solve.sh"
+//   turns 0..n-1  write_file .solution/<rel> (relative: in the workdir) with each file of solution/
+//   turn n        bash "cd <workdir> && SOLUTION_DIR=.solution sh .solution/solve.sh"
 //   turn n+1      finish
 // Wrong script (an episode picked by --wrong-fraction, or a task without solution/solve.sh):
 //   turn 0 bash "cd <workdir> && ls -la", turn 1 finish without solving.
@@ -13,8 +13,11 @@ import { createHash } from 'node:crypto';
 import type { ChatMessage, ToolInvocation } from './chat-protocol.ts';
 import type { StubTask } from './stub-tasks.ts';
 
-/** Where the scripted policy writes the solution inside the sandbox. */
-export const STUB_SOLUTION_DIR = '/tmp/solution';
+/**
+ * Where the scripted policy writes the solution inside the sandbox: relative, so inside the workdir,
+ * where a checkpoint's workspace snapshot keeps it for a resumed attempt.
+ */
+export const STUB_SOLUTION_DIR = '.solution';
 export const STUB_BASH_TIMEOUT_SEC = 60;
 
 const shellQuote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;

@@ -154,7 +154,7 @@ export class SandboxSession {
   }
 
   /** Write a tar (entry names relative to `path`) into the container. */
-  async putArchive(archive: Buffer, path = '/', signal?: AbortSignal): Promise<void> {
+  async putArchive(archive: Buffer | NodeJS.ReadableStream, path = '/', signal?: AbortSignal): Promise<void> {
     await dockerCall('put archive', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
       this.container.putArchive(archive, { path, abortSignal }),
     );

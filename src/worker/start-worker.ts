@@ -15,6 +15,8 @@ import { RetryableEpisodeError, episodeProcessor, type RetryBudgets } from '../.
 import path from 'node:path';
 import { REFERENCE_AGENT_PATH } from '../agent/llm-agent.ts';
 import { bundleReferenceAgent } from '../agent/reference/bundle-agent.ts';
+import { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
+import { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
 import type { ModelSettings } from '../episode/run-episode.ts';
 import { prepareRuntime } from '../runtime/prepare-runtime.ts';
 import { defaultRuntimeInputs, type RuntimeInputs } from '../runtime/runtime-inputs.ts';
@@ -55,6 +57,10 @@ export interface WorkerOptions {
   runtimeMaxIdleMs?: number;
   /** Checkpoints kept per episode by this process's checkpoint writer. @default 5 */
   checkpointKeep?: number;
+  /** A checkpoint's workspace snapshot above this is not captured (the checkpoint says why). @default 8 MiB */
+  checkpointWorkspaceCapBytes?: number;
+  /** A staged checkpoint no writer took expires after this long. @default 24 h */
+  checkpointStagedTtlMs?: number;
 }
 
 export interface WorkerHandle {
@@ -91,6 +97,12 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     return inputs;
   };
   const runtimeDeps = { docker, redis: connection, prefix, log };
+  const checkpointSink = new CheckpointSink({
+    connection, prefix, log,
+    ...(opts.checkpointWorkspaceCapBytes !== undefined && { workspaceCapBytes: opts.checkpointWorkspaceCapBytes }),
+    ...(opts.checkpointStagedTtlMs !== undefined && { stagedTtlMs: opts.checkpointStagedTtlMs }),
+  });
+  const checkpointStore = new CheckpointStore(opts.dataDir, { keep: opts.checkpointKeep ?? 5 });
   const evidence = new EvidenceStore(opts.dataDir);
   const control = new EpisodeControl(connection, prefix);
   const running = new RunningEpisodes();
@@ -129,6 +141,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       snapshotLimits,
       dataDir: opts.dataDir,
       model: opts.model,
+      checkpoints: { sink: checkpointSink, store: checkpointStore },
       prepareRuntime: async (signal) => prepareRuntime(runtimeDeps, await runtimeInputs(), { callTimeoutMs: opts.callTimeoutMs, signal }),
       async scheduleCleanup(episodeId, containerId) {
         const data: CleanupJob = CleanupJob.parse({ episodeId, containerId });
@@ -179,6 +192,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       }, drainTimeoutMs);
       await closing;
       clearTimeout(timer);
+      await checkpointSink.close().catch((err: unknown) => log.warn({ err: String(err) }, 'checkpoint sink did not close cleanly'));
       await Promise.all([cleanup.close(), checkpoints.close(), batches.close()]);
       await lease.stop();
       await cleanupQueue.close();

@@ -14,9 +14,9 @@ describe('scripted policy', () => {
   it('writes each file, runs solve.sh with SOLUTION_DIR in the quoted workdir, finishes, then stops', () => {
     const steps = [0, 1, 2, 3, 4].map((t) => scriptedTurn(task, t, false));
     expect(steps).toEqual([
-      { name: 'write_file', arguments: { path: '/tmp/solution/lib/fix.txt', content: 'a\n' } },
-      { name: 'write_file', arguments: { path: '/tmp/solution/solve.sh', content: 'cp "$SOLUTION_DIR/lib/fix.txt" .\n' } },
-      { name: 'bash', arguments: { command: "cd '/work/it'\\''s' && SOLUTION_DIR=/tmp/solution sh /tmp/solution/solve.sh", timeoutSec: 60 } },
+      { name: 'write_file', arguments: { path: '.solution/lib/fix.txt', content: 'a\n' } },
+      { name: 'write_file', arguments: { path: '.solution/solve.sh', content: 'cp "$SOLUTION_DIR/lib/fix.txt" .\n' } },
+      { name: 'bash', arguments: { command: "cd '/work/it'\\''s' && SOLUTION_DIR=.solution sh .solution/solve.sh", timeoutSec: 60 } },
       { name: 'finish', arguments: { answer: expect.any(String) } },
       undefined,
     ]);
