@@ -101,9 +101,15 @@ describe('reference LLM agent', () => {
       // The key is nowhere in the sandbox: not in its environment, not in any file it can read.
       const dirs = '/bin /etc /tmp /workspace /opt /home /root /var /usr /run';
       // A planted control string proves the search would find the key if it were there.
+      const count = async (command: string) => {
+        const r = await session.exec(command, { timeoutMs: 60_000, capBytes: 4096 });
+        return `${r.stdout.text.trim()}${r.timedOut ? ' (timed out)' : ''}`;
+      };
       const find = (needle: string) => `for d in ${dirs}; do [ -d $d ] && grep -rl ${needle} $d; done 2>/dev/null | wc -l`;
-      const search = await session.exec(`echo control-${process.pid} > /tmp/control.txt; env | grep -c ${API_KEY}; ${find(API_KEY)}; ${find(`control-${process.pid}`)}`, { timeoutMs: 60_000, capBytes: 4096 });
-      expect(search.stdout.text.trim().split('\n')).toEqual(['0', '0', '1']);
+      await count(`echo control-${process.pid} > /tmp/control.txt`);
+      expect(await count(find(`control-${process.pid}`))).toBe('1');
+      expect(await count(find(API_KEY))).toBe('0');
+      expect(await count(`env | grep -c ${API_KEY}`)).toBe('0');
     } finally {
       await session.remove();
       await proxy.close();
