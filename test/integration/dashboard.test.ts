@@ -90,7 +90,8 @@ describe('dashboard', () => {
     batchId = plan.batchId;
     results = await waitForResults(env, batchId, 4);
     await waitForNoContainers(batchId);
-    // A checkpoint job carrying a secret by mistake: Bull Board must not show it.
+    // A malformed checkpoint job carrying secrets by mistake: the writer refuses it (failed, not
+    // retried), and Bull Board must not show the secrets.
     const { Queue } = await import('bullmq');
     const checkpoints = new Queue(CHECKPOINTS_QUEUE, { connection: env.client, prefix: env.prefix });
     const job = await checkpoints.add('checkpoint', {
@@ -98,7 +99,7 @@ describe('dashboard', () => {
       state: { apiKey: 'sk-live-SECRET-1', nested: { Authorization: 'Bearer SECRET-2' }, turns: 1 },
     });
     checkpointJobId = job.id!;
-    await waitFor('the checkpoint to be written', async () => (await job.getState()) === 'completed');
+    await waitFor('the checkpoint job to be refused', async () => (await job.getState()) === 'failed');
     await checkpoints.close();
 
     dashboard = await spawnDashboard(
@@ -255,7 +256,7 @@ describe('dashboard', () => {
     expect(text).toMatch(/rollout_fleet_episode_phase_duration_seconds_count\{phase="agent"\} 4/);
     expect(text).toMatch(/rollout_fleet_episode_phase_duration_seconds_bucket\{le="\+Inf",phase="setup"\} 4/);
     expect(text).toContain('rollout_fleet_queue_jobs{queue="episodes",state="completed"} 4');
-    expect(text).toContain('rollout_fleet_queue_jobs{queue="checkpoints",state="completed"} 1');
+    expect(text).toContain('rollout_fleet_queue_jobs{queue="checkpoints",state="failed"} 1');
     expect(text).toContain('rollout_fleet_queue_workers{queue="episodes"} 1');
     // A second scrape counts nothing twice.
     const again = await (await fetch(`${dashboard!.url}/metrics`, { headers: { authorization: AUTH } })).text();
