@@ -1,7 +1,6 @@
 // The agent interface: an agent works inside the episode's sandbox session until it finishes or its
 // ceiling passes. Agents never create or remove sandboxes; the episode owns the session.
-import type { CapturedOutput } from '../sandbox/captured-output.ts';
-import type { SandboxSession } from '../sandbox/sandbox-session.ts';
+import type { ExecResult, SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { AgentSpec } from '../tasks/agent-spec.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
 import type { TaskSpec } from '../tasks/task-spec.ts';
@@ -30,16 +29,11 @@ export interface AgentContext {
   onEvent?: (event: AgentEvent) => void;
 }
 
-export interface AgentRun {
-  /** The agent process's exit code; null when it was killed. */
-  exitCode: number | null;
-  /** The ceiling passed and the agent was stopped; the episode is still verified. */
-  timedOut: boolean;
-  /** The episode's signal stopped the agent (cancellation, drain); it is not verified. */
-  aborted: boolean;
-  stdout: CapturedOutput;
-  stderr: CapturedOutput;
-  durationMs: number;
+/**
+ * The agent's process as an exec ended: `timedOut` means the ceiling passed (the episode is still
+ * verified), `aborted` that the episode's signal stopped it (cancellation, drain: not verified).
+ */
+export interface AgentRun extends ExecResult {
   /** Model tokens used (LLM agents). */
   usage?: { promptTokens: number; completionTokens: number; totalTokens: number };
   /** How an LLM agent ended: finished, stopped, max_turns, context or budget. */

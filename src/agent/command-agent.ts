@@ -7,12 +7,11 @@ export class CommandAgent implements Agent {
   constructor(private readonly command: string) {}
 
   async run(ctx: AgentContext): Promise<AgentRun> {
-    const { exitCode, timedOut, aborted, stdout, stderr, durationMs } = await ctx.session.exec(this.command, {
+    return ctx.session.exec(this.command, {
       timeoutMs: ctx.ceilingMs,
       capBytes: ctx.outputCapBytes,
       env: agentEnv(ctx.task),
       signal: ctx.signal,
     });
-    return { exitCode, timedOut, aborted, stdout, stderr, durationMs };
   }
 }

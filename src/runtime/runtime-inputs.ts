@@ -11,7 +11,6 @@ import { FleetError } from '../errors/fleet-error.ts';
 
 /** Where sandboxes see the runtime (read-only). */
 export { RUNTIME_MOUNT_PATH } from './portable-node.ts';
-import { RUNTIME_MOUNT_PATH } from './portable-node.ts';
 
 /** File modes a runtime may hold: files are root's and readable by all; executables also run for all. */
 export type RuntimeMode = 0o644 | 0o755;

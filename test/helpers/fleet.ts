@@ -16,6 +16,7 @@ import { startPrivateRedis, type PrivateRedis } from '../../src/cli/private-redi
 import { createDocker } from '../../src/sandbox/docker-client.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { ResultsStore } from '../../src/results/results-store.ts';
+import { startWorker, type WorkerHandle, type WorkerOptions } from '../../src/worker/start-worker.ts';
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 export const BIN = path.join(ROOT, 'src/cli/bin.js');
@@ -168,4 +169,13 @@ export async function waitForSandboxFile(label: keyof typeof LABEL, value: strin
     const has = await Promise.all(running.map((c) => sandboxHasFile(c.Id, file)));
     return has.filter(Boolean).length >= count;
   }, timeoutMs, 200);
+}
+
+/** A worker in this process on the env's Redis, prefix and data folder; `overrides` win. */
+export function startEnvWorker(env: FleetEnv, workerId: string, overrides: Partial<WorkerOptions> = {}): Promise<WorkerHandle> {
+  return startWorker({
+    redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir, docker, log: silentLog,
+    workerId, concurrency: 2, callTimeoutMs: 30_000, outputCapBytes: 64 * 1024,
+    ...overrides,
+  });
 }

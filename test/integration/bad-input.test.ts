@@ -8,8 +8,8 @@ import { episodeJobOptions } from '../../queues/episodes/contract.ts';
 import { planBatch } from '../../src/producer/enqueue-batch.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
 import { putTaskArchive } from '../../src/tasks/task-store.ts';
-import { startWorker, type WorkerHandle } from '../../src/worker/start-worker.ts';
-import { EXAMPLES, docker, runCli, silentLog, startFleetEnv, waitFor, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import { EXAMPLES, runCli, startFleetEnv, waitFor, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
 
 /** A temp folder with copies of example tasks and a batch file naming them. */
 async function scratchBatch(batchYaml: string, edit?: { task: string; from: string; to: string }): Promise<string> {
@@ -78,10 +78,7 @@ describe('bad input', () => {
     let worker: WorkerHandle | undefined;
     const baseline = ((await env.client.client('LIST')) as string).trim().split('\n').length;
     try {
-      worker = await startWorker({
-        redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir, docker, log: silentLog,
-        workerId: 'bad-input-w', concurrency: 2, callTimeoutMs: 30_000, outputCapBytes: 64 * 1024,
-      });
+      worker = await startEnvWorker(env, 'bad-input-w');
       const plan = await planBatch(await loadBatch(await scratchBatch(GOOD_BATCH)));
       const good = plan.jobs.find((j) => j.task.id === 'fix-greeting')!;
       const noImage = { ...plan.jobs.find((j) => j.task.id === 'set-port')!, task: { ...good.task, id: 'set-port', image: 'rollout-fleet/absent:1' } };

@@ -13,8 +13,8 @@ import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
 import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
-import { startWorker, type WorkerHandle } from '../../src/worker/start-worker.ts';
-import { BIN, docker, runCli, silentLog, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import { BIN, runCli, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const USER = 'operator';
@@ -73,10 +73,7 @@ describe('dashboard', () => {
 
   beforeAll(async () => {
     env = await startFleetEnv();
-    worker = await startWorker({
-      redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir, docker, log: silentLog,
-      workerId: 'dashboard-w', concurrency: 3, callTimeoutMs: 30_000, outputCapBytes: 64 * 1024,
-    });
+    worker = await startEnvWorker(env, 'dashboard-w', { concurrency: 3 });
     // Two passing episodes, one failing, one whose verifier crashes (an error of kind verifier); the
     // agent prints markup that must be shown as text.
     const file = await writeBatch(

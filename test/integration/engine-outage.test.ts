@@ -6,8 +6,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
-import { startWorker, type WorkerHandle } from '../../src/worker/start-worker.ts';
-import { silentLog, startFleetEnv, waitFor, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import { startFleetEnv, waitFor, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
 import { createSecondEngine, type SecondEngine } from '../helpers/second-engine.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
@@ -27,11 +27,7 @@ describe('Docker engine outage', () => {
   });
 
   it('records the failed attempt as infra, not graded, and the retry passes once dockerd is back', async () => {
-    worker = await startWorker({
-      redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir, docker: engine.docker, log: silentLog,
-      workerId: 'outage-w', concurrency: 1, callTimeoutMs: 10_000, outputCapBytes: 64 * 1024,
-      retryBudgets: { infra: 5 }, reaperIntervalMs: 1_000,
-    });
+    worker = await startEnvWorker(env, 'outage-w', { docker: engine.docker, concurrency: 1, callTimeoutMs: 10_000, outputCapBytes: 64 * 1024, retryBudgets: { infra: 5 }, reaperIntervalMs: 1_000 });
     const file = await writeBatch('tasks: [tasks]\nagent: { kind: command, command: "touch started; sleep 5; echo fixed > state.txt" }\n', {
       outage: {
         yaml: 'id: outage\ninstruction: x\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 5\ndeadlineSec: 120\nreserves: { setupSec: 20, closeSec: 15 }\n',

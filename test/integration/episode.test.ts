@@ -5,8 +5,8 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
-import { startWorker, type WorkerHandle } from '../../src/worker/start-worker.ts';
-import { docker, silentLog, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import { startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 // A task whose verifier passes when the workspace file says "fixed".
@@ -21,10 +21,7 @@ describe('episodes', () => {
 
   beforeAll(async () => {
     env = await startFleetEnv();
-    worker = await startWorker({
-      redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir, docker, log: silentLog,
-      workerId: 'episode-w', concurrency: 4, callTimeoutMs: 30_000, outputCapBytes: 64 * 1024,
-    });
+    worker = await startEnvWorker(env, 'episode-w', { concurrency: 4 });
   });
   afterAll(async () => {
     await worker?.close();

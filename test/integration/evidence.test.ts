@@ -5,8 +5,8 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
-import { startWorker, type WorkerHandle } from '../../src/worker/start-worker.ts';
-import { docker, silentLog, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import { startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const OUTPUT_CAP = 256 * 1024;
@@ -17,10 +17,7 @@ describe('evidence', () => {
 
   beforeAll(async () => {
     env = await startFleetEnv();
-    worker = await startWorker({
-      redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir, docker, log: silentLog,
-      workerId: 'evidence-w', concurrency: 1, callTimeoutMs: 30_000, outputCapBytes: OUTPUT_CAP,
-    });
+    worker = await startEnvWorker(env, 'evidence-w', { concurrency: 1, callTimeoutMs: 30_000, outputCapBytes: OUTPUT_CAP });
   });
   afterAll(async () => {
     await worker?.close();

@@ -13,8 +13,8 @@ import { defaultRuntimeInputs } from '../../src/runtime/runtime-inputs.ts';
 import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
-import { startWorker, type WorkerHandle } from '../../src/worker/start-worker.ts';
-import { EXAMPLES, docker, silentLog, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import { EXAMPLES, docker, silentLog, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const API_KEY = `sk-test-${process.pid}-never-in-a-sandbox`;
@@ -27,11 +27,7 @@ describe('reference LLM agent', () => {
   beforeAll(async () => {
     env = await startFleetEnv();
     stub = await startModelStub({ tasksDir: path.join(EXAMPLES, 'tasks'), listen: { port: 0, host: '127.0.0.1' }, requireKey: API_KEY, log: silentLog });
-    worker = await startWorker({
-      redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir, docker, log: silentLog,
-      workerId: 'llm-w', concurrency: 3, callTimeoutMs: 30_000, outputCapBytes: 256 * 1024,
-      model: { baseUrl: stub.baseUrl!, apiKey: API_KEY, maxCalls: 20, maxTokens: 200_000, requestTimeoutMs: 30_000, upstreamRetries: 2 },
-    });
+    worker = await startEnvWorker(env, 'llm-w', { concurrency: 3, callTimeoutMs: 30_000, outputCapBytes: 256 * 1024, model: { baseUrl: stub.baseUrl!, apiKey: API_KEY, maxCalls: 20, maxTokens: 200_000, requestTimeoutMs: 30_000, upstreamRetries: 2 } });
   });
   afterAll(async () => {
     await worker?.close();
