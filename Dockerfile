@@ -3,6 +3,8 @@
 # mounted (that is root on the host: see README, Operations).
 FROM node:20-bookworm-slim
 WORKDIR /opt/rollout-fleet
+# patchelf: the runtime generation's portable node (src/runtime/portable-node.ts).
+RUN apt-get update && apt-get install -y --no-install-recommends patchelf && rm -rf /var/lib/apt/lists/*
 COPY package.json package-lock.json ./
 RUN npm ci --omit=dev --no-audit --no-fund
 COPY tsconfig.json ./

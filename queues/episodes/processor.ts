@@ -47,7 +47,11 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       await deps.results.record(result);
       return result;
     }
-    const { episodeId } = parsed.data;
+    const { episodeId, batchId } = parsed.data;
+    // A job that comes back after its result was recorded (its worker died before completing it, or
+    // the batch was enqueued again) ends with that result: the episode never runs twice.
+    const prior = await deps.results.get(batchId, episodeId);
+    if (prior) return prior;
     const record = async (result: EpisodeResult) => {
       if (!(await deps.results.record(result))) deps.log.warn({ episodeId }, 'episode already had a result; this one is not recorded');
       await deps.redis.del(failuresKey(deps.prefix, episodeId));

@@ -47,7 +47,8 @@ export class LlmAgent implements Agent {
 
     let final: Extract<AgentEvent, { type: 'final' }> | undefined;
     let failure: Extract<AgentEvent, { type: 'error' }> | undefined;
-    const usage = { promptTokens: 0, completionTokens: 0, totalTokens: 0 };
+    // Tokens of the whole episode: what earlier attempts used (the resumed checkpoint's) plus this one.
+    const usage = { ...(ctx.resume?.usage ?? { promptTokens: 0, completionTokens: 0, totalTokens: 0 }) };
     const parser = new AgentEventParser((event) => {
       if (event.type === 'final') final = event;
       else if (event.type === 'error') failure = event;

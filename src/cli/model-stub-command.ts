@@ -6,13 +6,15 @@ import { parseArgs } from 'node:util';
 import { startModelStub } from '../model/model-stub.ts';
 import { UsageError, type Cli } from './context.ts';
 
-const USAGE = 'usage: rollout-fleet model-stub (--port N | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K] [--fail-first N] [--delay-ms N]';
+const USAGE = 'usage: rollout-fleet model-stub (--port N [--host H] | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K] [--fail-first N] [--delay-ms N]';
 
 export async function modelStubCommand(cli: Cli, args: string[]): Promise<number> {
   const { values } = parseArgs({
     args,
     options: {
       port: { type: 'string' },
+      /** Address to listen on with --port. @default 127.0.0.1 */
+      host: { type: 'string', default: '127.0.0.1' },
       socket: { type: 'string' },
       tasks: { type: 'string' },
       'wrong-fraction': { type: 'string' },
@@ -43,7 +45,7 @@ export async function modelStubCommand(cli: Cli, args: string[]): Promise<number
 
   const stub = await startModelStub({
     tasksDir: values.tasks,
-    listen: port !== undefined ? { port } : { socketPath: path.resolve(values.socket!) },
+    listen: port !== undefined ? { port, host: values.host } : { socketPath: path.resolve(values.socket!) },
     wrongFraction,
     requireKey: values['require-key'],
     failFirst,

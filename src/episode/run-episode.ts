@@ -30,6 +30,7 @@ import type { EpisodeControl } from './episode-control.ts';
 
 /** Where the hidden tests are copied for verification, after the agent stopped. */
 export const TESTS_DIR = '/tests';
+const ROOT_OWNER = { uid: 0, gid: 0 } as const;
 
 export interface EpisodeDeps {
   docker: Docker;
@@ -102,6 +103,8 @@ function phaseSignal(parent: AbortSignal, ms: number, error: () => FleetError): 
 const summary = (run: AgentRun | ExecResult) => ({ exitCode: run.exitCode, timedOut: run.timedOut, durationMs: run.durationMs });
 
 interface Attempt {
+  /** Checkpoint snapshots still being read from the sandbox; close waits for them. */
+  snapshots: Set<Promise<void>>;
   /** The checkpoint this attempt resumed from. */
   resumedFrom?: number;
   archive?: TaskArchive;
@@ -124,7 +127,7 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
   const t0 = performance.now();
   const since = (t: number) => Math.round(performance.now() - t);
   const timings: EpisodeResult['timings'] = { totalMs: 0 };
-  const state: Attempt = {};
+  const state: Attempt = { snapshots: new Set() };
 
   let graded: Graded;
   try {
@@ -232,12 +235,14 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
     onEvent: (event) => {
       if (event.type !== 'checkpoint') return;
       // The agent goes on at once: the snapshot is read and handed to the writer in the background.
+      // Whatever the sandbox prints, a bad checkpoint is dropped and logged, never thrown.
       const { type: _type, ...cp } = event;
       const offer = { ...cp, episodeId: job.episodeId, createdAt: new Date().toISOString() };
-      session.getArchive(task.workdir).then(
-        (tar) => deps.checkpoints.sink.offer(offer, tar),
-        () => deps.checkpoints.sink.offer(offer, undefined),
-      );
+      const handOver = session.getArchive(task.workdir, signal)
+        .then((tar) => deps.checkpoints.sink.offer(offer, tar), () => deps.checkpoints.sink.offer(offer, undefined))
+        .catch((err: unknown) => log.warn({ seq: cp.seq, err: String(err) }, 'checkpoint dropped'));
+      state.snapshots.add(handOver);
+      void handOver.finally(() => state.snapshots.delete(handOver));
     },
   }).catch((err: unknown) => {
     // An agent that crashed still leaves its output as evidence.
@@ -246,7 +251,9 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
     throw err;
   });
   state.agentRun = agentRun;
-  // The model is for the agent only: the verifier runs with the proxy gone.
+  // Nothing the agent started may outlive it: a process left behind could rewrite the tests once they
+  // arrive. And the model is for the agent only: the verifier runs with the proxy gone.
+  await session.killAll();
   await state.proxy?.close();
   timings.agentMs = agentRun.durationMs;
   log.info({ exitCode: agentRun.exitCode, timedOut: agentRun.timedOut, agentMs: agentRun.durationMs }, 'agent stopped');
@@ -254,7 +261,8 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
 
   // Verification: the hidden tests exist in the sandbox only from now on.
   const tVerify = performance.now();
-  await session.putArchive(await archive.partAsTar('tests', TESTS_DIR, SANDBOX_USER), '/', signal);
+  // Owned by root (read-only for the sandbox user, who runs the verifier): the tests cannot be edited.
+  await session.putArchive(await archive.partAsTar('tests', TESTS_DIR, ROOT_OWNER), '/', signal);
   const verifyRun = await session.exec(task.verify.command, { timeoutMs: task.verify.timeoutSec * 1000, capBytes: deps.outputCapBytes, signal });
   state.verifyRun = verifyRun;
   timings.verifyMs = since(tVerify);
@@ -283,6 +291,7 @@ async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
 
   const collect = async () => {
     // Checkpoints still being handed over read the sandbox's workspace: let them finish first.
+    await Promise.all([...state.snapshots]);
     await deps.checkpoints.sink.flush(job.episodeId, closeSignal).catch((err: unknown) => log.warn({ err: String(err) }, 'checkpoint hand-over unfinished at close'));
     await Promise.all([
       state.agentRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'agent', state.agentRun),
@@ -354,17 +363,26 @@ async function startEpisodeProxy(attempt: EpisodeAttempt, deps: EpisodeDeps, log
   });
 }
 
-/** The latest durable checkpoint, its workspace restored into the sandbox; undefined when none. */
+/**
+ * The newest durable checkpoint whose workspace was captured, restored into the sandbox; undefined
+ * when there is none (a conversation without its workspace would remember edits that are not there).
+ */
 async function resumePoint(attempt: EpisodeAttempt, deps: EpisodeDeps, session: SandboxSession, state: Attempt, log: Logger): Promise<AgentResume | undefined> {
   const { job } = attempt;
-  const latest = await deps.checkpoints.store.latest(job.episodeId);
-  if (latest === undefined) return undefined;
-  const { checkpoint } = latest;
-  if (latest.workspaceTar) {
+  const { store } = deps.checkpoints;
+  const seqs = (await store.seqs(job.episodeId)).sort((a, b) => b - a);
+  for (const seq of seqs) {
+    const stored = await store.read(job.episodeId, seq);
+    if (stored?.workspaceTar === undefined) {
+      if (stored) log.info({ seq, workspace: stored.checkpoint.workspace }, 'checkpoint without its workspace: not resumed from');
+      continue;
+    }
+    const { checkpoint } = stored;
     // The tar holds the workdir under its base name (what getArchive gave): unpack it in the parent.
-    await session.putArchive(latest.workspaceTar.open(), path.posix.dirname(job.task.workdir), attempt.signal);
+    await session.putArchive(stored.workspaceTar.open(), path.posix.dirname(job.task.workdir), attempt.signal);
+    state.resumedFrom = checkpoint.seq;
+    log.info({ seq: checkpoint.seq, turn: checkpoint.turn, agentMs: checkpoint.agentMs }, 'resuming from checkpoint');
+    return { turn: checkpoint.turn, messages: checkpoint.messages, usage: checkpoint.usage, agentMs: checkpoint.agentMs };
   }
-  state.resumedFrom = checkpoint.seq;
-  log.info({ seq: checkpoint.seq, turn: checkpoint.turn, agentMs: checkpoint.agentMs, workspace: checkpoint.workspace.captured }, 'resuming from checkpoint');
-  return { turn: checkpoint.turn, messages: checkpoint.messages, usage: checkpoint.usage, agentMs: checkpoint.agentMs };
+  return undefined;
 }

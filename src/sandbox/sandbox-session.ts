@@ -250,6 +250,11 @@ export class SandboxSession {
     };
   }
 
+  /** KILL every process of the sandbox user but init (whatever an agent left running). */
+  async killAll(): Promise<void> {
+    await this.signalAll('KILL');
+  }
+
   /** TERM every process of the sandbox user but init, then KILL what is left after a grace period. */
   private async stopProcesses(ended: Promise<void>): Promise<void> {
     for (const sig of ['TERM', 'KILL'] as const) {

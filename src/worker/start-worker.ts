@@ -10,7 +10,7 @@ import { BATCHES_QUEUE } from '../../queues/batches/contract.ts';
 import { batchProcessor } from '../../queues/batches/processor.ts';
 import { CLEANUP_QUEUE, CleanupJob, REAPER_SCHEDULER_ID, REAP_JOB, REMOVE_SANDBOX_JOB, cleanupJobId, cleanupJobOptions } from '../../queues/cleanup/contract.ts';
 import { cleanupProcessor } from '../../queues/cleanup/processor.ts';
-import { EPISODES_QUEUE, episodeBackoffMs } from '../../queues/episodes/contract.ts';
+import { DEFAULT_RETRY_BUDGETS, EPISODES_QUEUE, episodeBackoffMs } from '../../queues/episodes/contract.ts';
 import { RetryableEpisodeError, episodeProcessor, type RetryBudgets } from '../../queues/episodes/processor.ts';
 import path from 'node:path';
 import { REFERENCE_AGENT_PATH } from '../agent/llm-agent.ts';
@@ -135,7 +135,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       results,
       control,
       running,
-      retryBudgets: opts.retryBudgets ?? { infra: 2, model: 2 },
+      retryBudgets: opts.retryBudgets ?? DEFAULT_RETRY_BUDGETS,
       callTimeoutMs: opts.callTimeoutMs,
       outputCapBytes: opts.outputCapBytes,
       snapshotLimits,

@@ -1,12 +1,13 @@
 // docker-compose.yml as Debian's docker-compose renders it (`docker-compose config`): Redis durable and
 // noeviction, workers scalable with the Docker socket and the data folder at the same path inside and
 // out, the dashboard on the host's loopback with required credentials, the model stub.
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
+import { once } from 'node:events';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
-import { ROOT } from '../helpers/fleet.ts';
+import { BIN, ROOT } from '../helpers/fleet.ts';
 
 const COMPOSE = path.join(ROOT, 'docker-compose.yml');
 
@@ -58,7 +59,17 @@ describe('docker-compose.yml', () => {
     expect(dashboard.volumes).toEqual(['/srv/fleet:/srv/fleet:ro']);
     expect(dashboard.volumes!.join()).not.toContain('docker.sock');
 
-    expect(s['model-stub']!.command).toEqual(['model-stub']);
+    // The stub's command is one the CLI takes (run here with a free port and this repository's tasks),
+    // and the workers point at it unless a real endpoint is configured.
+    const stubArgs = s['model-stub']!.command as string[];
+    expect(stubArgs).toEqual(['model-stub', '--port', '8000', '--host', '0.0.0.0', '--tasks', '/opt/rollout-fleet/examples/tasks']);
+    const local = stubArgs.map((a) => (a === '8000' ? '0' : a === '0.0.0.0' ? '127.0.0.1' : a.replace('/opt/rollout-fleet/', ROOT)));
+    const stub = spawn(process.execPath, [BIN, ...local], { stdio: ['ignore', 'pipe', 'ignore'], env: { ...process.env, LOG_LEVEL: 'silent' } });
+    const [firstLine] = (await once(stub.stdout!, 'data')) as [Buffer];
+    stub.kill('SIGTERM');
+    await once(stub, 'exit');
+    expect(firstLine.toString()).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/v1/);
+    expect(s.worker!.environment).toMatchObject({ MODEL_BASE_URL: 'http://model-stub:8000/v1' });
     // One image for the fleet's services, built from this repository.
     for (const name of ['worker', 'dashboard', 'model-stub']) expect([s[name]!.image, s[name]!.build], name).toEqual(['rollout-fleet:local', { context: ROOT.replace(/\/$/, '') }]);
   });

@@ -47,6 +47,14 @@ describe('episodes', () => {
     expect(stdout).not.toContain('the hidden answer');
   });
 
+  it('leaves nothing the agent started running to tamper with the tests once they arrive', async () => {
+    const daemon = "nohup sh -c 'until [ -f /tests/check.sh ]; do sleep 0.05; done; echo \"exit 0\" > /tests/check.sh; echo \"exit 0\" > /tests/check.sh' >/dev/null 2>&1 &";
+    const [r] = await runBatch(daemon, {
+      tamper: { ...task('tamper', '', 'sh /tests/check.sh'), files: { 'workspace/state.txt': 'broken\n', 'tests/check.sh': 'exit 1\n' } },
+    });
+    expect(r).toMatchObject({ status: 'failed', reward: 0 });
+  });
+
   it('stops an agent at its ceiling (deadline minus reserves) and still grades it', async () => {
     const started = Date.now();
     const [r] = await runBatch("echo fixed > state.txt; trap '' TERM; sleep 1000", { slow: task('slow') });

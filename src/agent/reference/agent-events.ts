@@ -7,18 +7,19 @@ export const EVENT_MARKER = '@@rollout-event@@ ';
 /** Longer lines are dropped (a checkpoint of a huge transcript must not take the worker's memory). */
 export const MAX_EVENT_LINE_BYTES = 8 * 1024 * 1024;
 
-const Usage = z.object({ promptTokens: z.number(), completionTokens: z.number(), totalTokens: z.number() });
+const count = z.number().int().min(0);
+const Usage = z.object({ promptTokens: count, completionTokens: count, totalTokens: count });
 
 export const AgentEvent = z.discriminatedUnion('type', [
   z.object({ type: z.literal('model_call'), turn: z.number().int(), durationMs: z.number(), usage: Usage, finishReason: z.string().nullable() }),
   z.object({ type: z.literal('tool_call'), turn: z.number().int(), name: z.string(), ok: z.boolean(), exitCode: z.number().int().nullable().optional(), durationMs: z.number() }),
   z.object({
     type: z.literal('checkpoint'),
-    seq: z.number().int(),
-    turn: z.number().int(),
+    seq: count,
+    turn: count,
     messages: z.array(z.unknown()),
     usage: Usage,
-    agentMs: z.number(),
+    agentMs: z.number().min(0),
   }),
   z.object({ type: z.literal('final'), reason: z.enum(['finished', 'stopped', 'max_turns', 'context', 'budget']), answer: z.string().nullable(), turns: z.number().int() }),
   z.object({ type: z.literal('error'), kind: z.enum(['model', 'agent']), message: z.string() }),
