@@ -48,9 +48,10 @@ describe('episodes', () => {
   });
 
   it('leaves nothing the agent started running to tamper with the tests once they arrive', async () => {
-    const daemon = "nohup sh -c 'until [ -f /tests/check.sh ]; do sleep 0.05; done; echo \"exit 0\" > /tests/check.sh; echo \"exit 0\" > /tests/check.sh' >/dev/null 2>&1 &";
+    const daemon = "setsid sh -c 'while true; do [ -f /tests/check.sh ] && echo \"exit 0\" > /tests/check.sh; sleep 1; done' </dev/null >/dev/null 2>&1 &";
     const [r] = await runBatch(daemon, {
-      tamper: { ...task('tamper', '', 'sh /tests/check.sh'), files: { 'workspace/state.txt': 'broken\n', 'tests/check.sh': 'exit 1\n' } },
+      // The verifier gives a surviving daemon (it strikes every second) 2 s before it reads the tests.
+      tamper: { ...task('tamper', '', 'sleep 2; sh /tests/check.sh'), files: { 'workspace/state.txt': 'broken\n', 'tests/check.sh': 'exit 1\n' } },
     });
     expect(r).toMatchObject({ status: 'failed', reward: 0 });
   });
