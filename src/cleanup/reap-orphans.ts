@@ -22,6 +22,12 @@ export interface ReapDeps {
   log: Logger;
   callTimeoutMs: number;
   salvageLimits: ExtractLimits;
+  /**
+   * A worker whose lease is missing is taken for dead only if it is still missing this long after it
+   * was first seen missing: after a Redis outage longer than the lease TTL, live workers renew their
+   * leases within a heartbeat, and their sandboxes are not reaped.
+   */
+  confirmDeadAfterMs: number;
 }
 
 export interface ReapReport {
@@ -37,13 +43,17 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
     docker.listContainers({ all: true, filters: { label: [`${LABEL.fleet}=${prefix}`] }, abortSignal } as Docker.ContainerListOptions),
   );
   const report: ReapReport = { inspected: containers.length, removed: [], salvaged: 0 };
-  const live = await liveWorkers(deps.redis, prefix, [...new Set(containers.map((c) => c.Labels[LABEL.worker] ?? ''))]);
+  const workers = [...new Set(containers.map((c) => c.Labels[LABEL.worker] ?? ''))];
+  const live = await liveWorkers(deps.redis, prefix, workers);
   const now = Date.now();
+  const dead = await confirmedDead(deps, workers.filter((w) => !live.has(w)), live, now);
   for (const c of containers) {
     if (now - c.Created * 1000 < minAgeMs) continue;
     const episodeId = c.Labels[LABEL.episode] ?? '';
     const batchId = c.Labels[LABEL.batch] ?? '';
-    const leaseExpired = !live.has(c.Labels[LABEL.worker] ?? '');
+    const worker = c.Labels[LABEL.worker] ?? '';
+    if (!live.has(worker) && !dead.has(worker)) continue; // missing lease not yet confirmed
+    const leaseExpired = dead.has(worker);
     const ended = !leaseExpired && (await deps.results.has(batchId, episodeId));
     if (!leaseExpired && !ended) continue;
     if (leaseExpired) report.salvaged += (await salvage(deps, c.Id, episodeId)) ? 1 : 0;
@@ -56,6 +66,20 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
     }
   }
   return report;
+}
+
+/** The workers whose lease has been missing for at least confirmDeadAfterMs; clears marks of live ones. */
+async function confirmedDead(deps: ReapDeps, missing: string[], live: Set<string>, now: number): Promise<Set<string>> {
+  const key = (w: string) => `${deps.prefix}:lease-missing:${w}`;
+  if (live.size > 0) await deps.redis.del(...[...live].map(key));
+  const dead = new Set<string>();
+  for (const w of missing) {
+    const marked = await deps.redis.set(key(w), String(now), 'PX', 24 * 3600 * 1000, 'NX');
+    if (marked === 'OK') continue;
+    const since = Number(await deps.redis.get(key(w)));
+    if (now - since >= deps.confirmDeadAfterMs) dead.add(w);
+  }
+  return dead;
 }
 
 /** Copy the orphan's workspace into its evidence before it goes; false when nothing could be saved. */

@@ -154,6 +154,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     CLEANUP_QUEUE,
     cleanupProcessor({
       docker, redis: connection, prefix, results, evidence, log, callTimeoutMs: opts.callTimeoutMs, salvageLimits: snapshotLimits, reapMinAgeMs: 0,
+      confirmDeadAfterMs: leaseTtlMs,
       runtimeMaxIdleMs: opts.runtimeMaxIdleMs ?? 7 * 24 * 3600 * 1000,
     }),
     { ...workerOpts, concurrency: 4 },

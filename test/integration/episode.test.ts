@@ -12,7 +12,7 @@ import { writeBatch } from '../helpers/scratch-tasks.ts';
 // A task whose verifier passes when the workspace file says "fixed".
 const task = (id: string, extra = '', verify = 'grep -qx fixed state.txt') => ({
   yaml: `id: ${id}\ninstruction: write fixed into state.txt\nverify:\n  command: ${verify}\n  timeoutSec: 3\ndeadlineSec: 16\nreserves: { setupSec: 5, verifySec: 5, closeSec: 4 }\n${extra}`,
-  files: { 'workspace/state.txt': 'broken\n', 'tests/secret.txt': 'the hidden answer\n' },
+  files: { 'workspace/state.txt': 'broken\n', 'tests/secret.txt': 'the hidden answer\n' } as Record<string, string>,
 });
 
 describe('episodes', () => {
