@@ -32,7 +32,7 @@ const failuresKey = (prefix: string, episodeId: string) => `${prefix}:episode:${
 const startsKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:starts`;
 const KEEP_SEC = 7 * 24 * 3600;
 
-/** Forget an episode's retry counts (it runs again from scratch, e.g. retried by kind). */
+/** Forget an episode's retry counts (it is requeued, e.g. retried by kind: fresh budgets). */
 export async function resetRetryCounts(redis: EpisodeDeps['redis'], prefix: string, episodeId: string): Promise<void> {
   await redis.del(failuresKey(prefix, episodeId));
 }

@@ -15,8 +15,8 @@ const USAGE = `usage: rollout-fleet <command>
   checkpoint-writer [--concurrency N]      run only the checkpoint writer until SIGTERM
   enqueue <batch.yaml> [--wait] [--json]   enqueue a batch; prints its id
   status <batch-id> [--json]               counts by status, mean reward, done or not
-  results <batch-id> --format jsonl        one result per line
-  cancel <episode-id|batch-id>             cancel waiting and running episodes (exit 3: already closing)
+  results <batch-id> --format jsonl|csv    one result per line (or row)
+  cancel <episode-id|batch-id> [--wait-ms N]  cancel waiting and running episodes (exit 3: already closing)
   retry <batch-id> --kind infra            re-enqueue only the episodes that failed with that kind
   demo                                     run the example batch on a private Redis, print the summary
   model-stub (--port N | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K]

@@ -1,5 +1,6 @@
 // Content-addressed store of packed tasks in Redis, so workers on any host can fetch what a job names
-// by digest without a shared file system. Written once (SET NX); the digest is checked on read.
+// by digest without a shared file system. The key is the content's digest, so writing it again (which
+// refreshes its expiry) cannot change it; the digest is checked on read.
 import type { Redis } from 'ioredis';
 import { FleetError } from '../errors/fleet-error.ts';
 import { TaskArchive } from './task-archive.ts';
