@@ -2,6 +2,7 @@
 // result exactly once. A retryable failure within its kind's budget is thrown so BullMQ retries it with
 // backoff; a drained attempt goes back to the queue at once; every other outcome (passed, failed,
 // timeout, cancelled, a final error) completes the job with its result.
+import { rm } from 'node:fs/promises';
 import { WaitingError, type Job } from 'bullmq';
 import { describeIssues } from '../../src/config/zod-issues.ts';
 import type { FailureKind, FleetError } from '../../src/errors/fleet-error.ts';
@@ -56,6 +57,8 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       if (!(await deps.results.record(result))) deps.log.warn({ episodeId }, 'episode already had a result; this one is not recorded');
       await deps.redis.del(failuresKey(deps.prefix, episodeId));
       await deps.control.end(episodeId);
+      // The episode is over: its checkpoints served their purpose (a requeue by kind starts afresh).
+      await rm(deps.checkpoints.store.folder(episodeId), { recursive: true, force: true }).catch(() => undefined);
       return result;
     };
 

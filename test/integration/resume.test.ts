@@ -42,6 +42,17 @@ describe('resume after kill -9', () => {
     victim.child.kill('SIGKILL');
     const durableAtKill = await latestSeq();
 
+    // What the killed worker left is consistent: every seq folder holds a complete checkpoint with
+    // its workspace, and latest.json points at the highest.
+    const seqs = (await readdir(folder)).filter((n) => /^\d{8}$/.test(n)).sort();
+    expect(seqs.length).toBeGreaterThanOrEqual(2);
+    for (const seq of seqs) {
+      const cp = Checkpoint.parse(JSON.parse(await readFile(path.join(folder, seq, 'checkpoint.json'), 'utf8')));
+      expect(cp.seq).toBe(Number(seq));
+      expect(cp.workspace.captured).toBe(true);
+    }
+    expect(durableAtKill).toBe(Number(seqs.at(-1)));
+
     workers.push(spawnWorker(workerEnv, 'resume-rescuer'));
     const [result] = await waitForResults(env, plan.batchId, 1, 120_000);
     expect(result).toMatchObject({ status: 'passed', reward: 1, workerId: 'resume-rescuer', attempts: 2 });
@@ -54,16 +65,8 @@ describe('resume after kill -9', () => {
     }
     expect(calls.map((c) => c.turn)).toEqual([0, 1, 2, 3]);
 
-    // The checkpoint folder is consistent: every seq folder holds a complete checkpoint, and
-    // latest.json points at the highest.
-    const seqs = (await readdir(folder)).filter((n) => /^\d{8}$/.test(n)).sort();
-    expect(seqs.length).toBeGreaterThanOrEqual(2);
-    for (const seq of seqs) {
-      const cp = Checkpoint.parse(JSON.parse(await readFile(path.join(folder, seq, 'checkpoint.json'), 'utf8')));
-      expect(cp.seq).toBe(Number(seq));
-      expect(cp.workspace.captured).toBe(true);
-    }
-    expect(await latestSeq()).toBe(Number(seqs.at(-1)));
+    // Once the episode has its result, its checkpoints are removed.
+    await expect(readdir(folder)).rejects.toMatchObject({ code: 'ENOENT' });
     await waitForNoContainers(plan.batchId);
   });
 });
