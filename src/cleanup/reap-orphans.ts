@@ -30,6 +30,9 @@ export interface ReapDeps {
   confirmDeadAfterMs: number;
 }
 
+/** Redis counter of every sandbox the reaper removed (for /metrics). */
+export const reapedCountKey = (prefix: string) => `${prefix}:reaped-sandboxes`;
+
 export interface ReapReport {
   inspected: number;
   removed: { containerId: string; episodeId: string; reason: 'lease expired' | 'episode ended' }[];
@@ -65,6 +68,7 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
       log.warn({ containerId: c.Id, err: String(err) }, 'reaping a sandbox failed; the next run tries again');
     }
   }
+  if (report.removed.length > 0) await deps.redis.incrby(reapedCountKey(prefix), report.removed.length);
   return report;
 }
 

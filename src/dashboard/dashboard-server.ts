@@ -7,6 +7,8 @@ import type { AddressInfo } from 'node:net';
 import { Queue } from 'bullmq';
 import express, { type ErrorRequestHandler, type Express, type RequestHandler } from 'express';
 import type { Redis } from 'ioredis';
+import { reapedCountKey } from '../cleanup/reap-orphans.ts';
+import { countLeases } from '../worker/lease.ts';
 import type { Logger } from 'pino';
 import { BATCHES_QUEUE } from '../../queues/batches/contract.ts';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
@@ -67,7 +69,12 @@ export function createDashboardApp(opts: DashboardOptions): DashboardApp {
     return queue;
   });
   const results = new ResultsStore(redis, prefix, opts.dataDir);
-  const metrics = createFleetMetrics({ queues, results });
+  const metrics = createFleetMetrics({
+    queues,
+    results,
+    activeLeases: () => countLeases(redis, prefix),
+    reapedSandboxes: async () => Number((await redis.get(reapedCountKey(prefix))) ?? 0),
+  });
 
   const app = express();
   app.disable('x-powered-by');

@@ -18,6 +18,10 @@ export const QUEUE_STATES = ['waiting', 'active', 'delayed', 'prioritized', 'wai
 export interface FleetMetricsOptions {
   queues: readonly Queue[];
   results: ResultsStore;
+  /** Workers holding a lease now. */
+  activeLeases: () => Promise<number>;
+  /** Sandboxes the reaper removed, ever (a counter kept in Redis). */
+  reapedSandboxes: () => Promise<number>;
   /** How many of the newest batches the first scrape reads. @default 1000 */
   backfillBatches?: number;
 }
@@ -70,8 +74,32 @@ export function createFleetMetrics(opts: FleetMetricsOptions): FleetMetrics {
     },
   });
 
+  const runtimePreparations = new Counter({
+    name: 'rollout_fleet_runtime_preparations_total',
+    help: 'Runtime generation preparations of finished episodes: warm (reused, nothing copied) or cold (installed)',
+    labelNames: ['warm'] as const,
+    registers: [registry],
+  });
+  new Gauge({
+    name: 'rollout_fleet_active_leases',
+    help: 'Worker processes holding a lease in Redis now',
+    registers: [registry],
+    async collect() {
+      this.set(await opts.activeLeases());
+    },
+  });
+  new Gauge({
+    name: 'rollout_fleet_reaped_sandboxes',
+    help: 'Sandboxes the reaper has removed (dead workers, ended episodes), as counted in Redis',
+    registers: [registry],
+    async collect() {
+      this.set(await opts.reapedSandboxes());
+    },
+  });
+
   const observe = (r: EpisodeResult) => {
     episodes.inc({ status: r.status, kind: r.error?.kind ?? 'none' });
+    if (r.runtime) runtimePreparations.inc({ warm: String(r.runtime.warm) });
     for (const phase of PHASES) {
       const ms = r.timings[`${phase}Ms`];
       if (ms !== undefined) phaseSeconds.observe({ phase }, ms / 1000);

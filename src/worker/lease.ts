@@ -32,3 +32,15 @@ export async function liveWorkers(redis: Redis, prefix: string, workerIds: reado
   const values = await redis.mget(...workerIds.map((id) => leaseKey(prefix, id)));
   return new Set(workerIds.filter((_, i) => values[i] !== null));
 }
+
+/** How many workers of the fleet hold a lease now. */
+export async function countLeases(redis: Redis, prefix: string): Promise<number> {
+  let count = 0;
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', leaseKey(prefix, '*'), 'COUNT', 500);
+    count += keys.length;
+    cursor = next;
+  } while (cursor !== '0');
+  return count;
+}

@@ -97,6 +97,10 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     return inputs;
   };
   const runtimeDeps = { docker, redis: connection, prefix, log };
+  const prepare = async (signal?: AbortSignal) =>
+    prepareRuntime(runtimeDeps, await runtimeInputs(), { callTimeoutMs: opts.callTimeoutMs, ...(signal && { signal }) });
+  // Warm the runtime generation now, so the first episodes do not pay its install in their set-up.
+  const warmUp = prepare().then(() => undefined, (err: unknown) => log.warn({ err: String(err) }, 'runtime generation not prepared at start; episodes will try again'));
   const checkpointSink = new CheckpointSink({
     connection, prefix, log,
     ...(opts.checkpointWorkspaceCapBytes !== undefined && { workspaceCapBytes: opts.checkpointWorkspaceCapBytes }),
@@ -142,7 +146,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       dataDir: opts.dataDir,
       model: opts.model,
       checkpoints: { sink: checkpointSink, store: checkpointStore },
-      prepareRuntime: async (signal) => prepareRuntime(runtimeDeps, await runtimeInputs(), { callTimeoutMs: opts.callTimeoutMs, signal }),
+      prepareRuntime: prepare,
       async scheduleCleanup(episodeId, containerId) {
         const data: CleanupJob = CleanupJob.parse({ episodeId, containerId });
         await cleanupQueue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
@@ -193,6 +197,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       }, drainTimeoutMs);
       await closing;
       clearTimeout(timer);
+      await warmUp;
       await checkpointSink.close().catch((err: unknown) => log.warn({ err: String(err) }, 'checkpoint sink did not close cleanly'));
       await Promise.all([cleanup.close(), checkpoints.close(), batches.close()]);
       await lease.stop();

@@ -255,6 +255,10 @@ describe('dashboard', () => {
     expect(text).toContain('rollout_fleet_queue_jobs{queue="episodes",state="completed"} 4');
     expect(text).toContain('rollout_fleet_queue_jobs{queue="checkpoints",state="failed"} 1');
     expect(text).toContain('rollout_fleet_queue_workers{queue="episodes"} 1');
+    // One worker holds a lease; every episode mounted the runtime, all but the first preparation warm.
+    expect(text).toContain('rollout_fleet_active_leases 1');
+    expect(text).toMatch(/rollout_fleet_runtime_preparations_total\{warm="true"\} [34]/);
+    expect(text).toMatch(/rollout_fleet_reaped_sandboxes \d+/);
     // A second scrape counts nothing twice.
     const again = await (await fetch(`${dashboard!.url}/metrics`, { headers: { authorization: AUTH } })).text();
     expect(again).toContain('rollout_fleet_episodes_total{status="passed",kind="none"} 2');
