@@ -88,7 +88,7 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       }
       return await record(outcome.result);
     } finally {
-      deps.running.finish(episodeId);
+      deps.running.finish(episodeId, episodeSignal);
     }
   };
 }

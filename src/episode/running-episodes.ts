@@ -16,8 +16,9 @@ export class RunningEpisodes {
     return ctrl.signal;
   }
 
-  finish(episodeId: string): void {
-    this.running.delete(episodeId);
+  /** Forget an episode, unless a newer run of it (a redelivery) registered since `signal` was given. */
+  finish(episodeId: string, signal: AbortSignal): void {
+    if (this.running.get(episodeId)?.signal === signal) this.running.delete(episodeId);
   }
 
   /** Stop one episode; false when it does not run here. */
