@@ -3,7 +3,8 @@
 // the close phase, so a cancel that arrives while an episode is closing is refused, never half-done.
 import type { Redis } from 'ioredis';
 
-const TTL_SEC = 24 * 3600;
+/** Control keys outlive any episode: the longest deadline a task may have (7 days) and a day more. */
+const TTL_SEC = 8 * 24 * 3600;
 
 /** Atomically: refuse when closing; otherwise flag the cancel and tell the running worker. */
 const REQUEST_CANCEL = `

@@ -227,6 +227,7 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
   // The agent, under its ceiling: the deadline minus the set-up, verification and close reserves,
   // minus the agent time earlier attempts already used.
   const ceilingMs = Math.max(0, agentCeilingSec(task) * 1000 - (resume?.agentMs ?? 0));
+  const agentStarted = performance.now();
   const agentRun = await createAgent(job.agent).run({
     session, task, archive, ceilingMs, outputCapBytes: deps.outputCapBytes, signal,
     runtimeMountPath: runtime.mountPath,
@@ -237,7 +238,10 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
       // The agent goes on at once: the snapshot is read and handed to the writer in the background.
       // Whatever the sandbox prints, a bad checkpoint is dropped and logged, never thrown.
       const { type: _type, ...cp } = event;
-      const offer = { ...cp, episodeId: job.episodeId, createdAt: new Date().toISOString() };
+      // Agent time as the worker measured it (earlier attempts plus this one), not as the sandbox says:
+      // it is what a resumed attempt's ceiling is cut by.
+      const agentMs = Math.round((resume?.agentMs ?? 0) + performance.now() - agentStarted);
+      const offer = { ...cp, agentMs, episodeId: job.episodeId, createdAt: new Date().toISOString() };
       const handOver = session.getArchive(task.workdir, signal)
         .then((tar) => deps.checkpoints.sink.offer(offer, tar), () => deps.checkpoints.sink.offer(offer, undefined))
         .catch((err: unknown) => log.warn({ seq: cp.seq, err: String(err) }, 'checkpoint dropped'));

@@ -3,12 +3,13 @@
 // never sees, enforces the episode's call and token budgets, retries transient upstream failures, and
 // records every call as evidence outside the sandbox.
 import { once } from 'node:events';
-import { chmod, lstat, mkdir, rm } from 'node:fs/promises';
+import { chmod, chown, lstat, mkdir, rm } from 'node:fs/promises';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { describeIssues } from '../config/zod-issues.ts';
+import { SANDBOX_USER } from '../sandbox/sandbox-session.ts';
 import { CallEvidence, type CallOutcome, type ModelCallRecord } from './call-evidence.ts';
 import {
   BodyTooLargeError,
@@ -300,7 +301,14 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
     throw err;
   });
   server.on('error', (err) => log.error({ err }, 'model proxy server error'));
-  await chmod(socketPath, 0o666);
+  // Only the sandbox user may connect: a worker running as root hands the socket to uid 1000 (0600);
+  // otherwise it cannot chown, and the socket is left open to all local users (0666).
+  if (process.getuid?.() === 0) {
+    await chown(socketPath, SANDBOX_USER.uid, SANDBOX_USER.gid);
+    await chmod(socketPath, 0o600);
+  } else {
+    await chmod(socketPath, 0o666);
+  }
   log.info({ socketPath, upstream: base.origin, maxCalls: budget.limits.maxCalls, maxTokens: budget.limits.maxTokens }, 'model proxy started');
 
   let closed: Promise<void> | undefined;

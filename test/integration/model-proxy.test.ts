@@ -218,11 +218,15 @@ describe('model proxy', () => {
     expect(text.toLowerCase()).not.toContain('authorization');
   });
 
-  it('serves a 0666 socket in a 0755 folder, refuses to take over a live one, and removes it on close', async () => {
+  it('serves a socket only the sandbox user may use (0666 when it cannot chown), refuses to take over a live one, and removes it on close', async () => {
     const { proxy: p, episodeId } = await proxy();
     const socket = await stat(p.socketPath);
     expect(socket.isSocket()).toBe(true);
-    expect(socket.mode & 0o777).toBe(0o666);
+    if (process.getuid?.() === 0) {
+      expect([socket.mode & 0o777, socket.uid, socket.gid]).toEqual([0o600, 1000, 1000]);
+    } else {
+      expect(socket.mode & 0o777).toBe(0o666);
+    }
     expect((await stat(path.dirname(p.socketPath))).mode & 0o777).toBe(0o755);
     expect(p.socketPath).toBe(path.join(dataDir, 'run', episodeId, 'model.sock'));
 
