@@ -62,9 +62,14 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
 }
 
 export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { wait: { type: 'boolean' }, json: { type: 'boolean' } } });
+  const { values, positionals } = parseArgs({
+    args,
+    allowPositionals: true,
+    options: { wait: { type: 'boolean' }, json: { type: 'boolean' }, 'timeout-ms': { type: 'string' } },
+  });
   const file = positionals[0];
-  if (file === undefined || positionals.length > 1) throw new UsageError('usage: rollout-fleet enqueue <batch.yaml> [--wait] [--json]');
+  if (file === undefined || positionals.length > 1) throw new UsageError('usage: rollout-fleet enqueue <batch.yaml> [--wait [--timeout-ms N]] [--json]');
+  const timeoutMs = positive('timeout-ms', values['timeout-ms']) ?? Infinity;
   const { config, docker } = cli;
   const loaded = await loadBatch(file);
   const redis = await connectProducer(requireRedisUrl(config));
@@ -78,9 +83,10 @@ export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> 
       process.stdout.write(values.json ? `${JSON.stringify({ batchId: plan.batchId, episodes: plan.jobs.length, added: plan.added })}\n` : `${plan.batchId}\n`);
       return 0;
     }
-    const summary = await waitForBatch(results, queue, plan.batchId, progressView(process.stderr));
+    const summary = await waitForBatch(results, queue, plan.batchId, progressView(process.stderr), timeoutMs);
     process.stdout.write(values.json ? `${JSON.stringify(summary)}\n` : `${formatSummary(summary)}\n`);
-    return 0;
+    // Exit 4: the wait timed out before every episode had a result (the batch goes on).
+    return summary.finished ? 0 : 4;
   } finally {
     await flows.close();
     await queue.close();

@@ -13,7 +13,8 @@ import { modelStubCommand } from './model-stub-command.ts';
 const USAGE = `usage: rollout-fleet <command>
   worker [--concurrency N]                 run episodes (and cleanup, checkpoint writing) until SIGTERM
   checkpoint-writer [--concurrency N]      run only the checkpoint writer until SIGTERM
-  enqueue <batch.yaml> [--wait] [--json]   enqueue a batch; prints its id
+  enqueue <batch.yaml> [--wait [--timeout-ms N]] [--json]
+                                           enqueue a batch; prints its id (exit 4: wait timed out)
   status <batch-id> [--json]               counts by status, mean reward, done or not
   results <batch-id> --format jsonl|csv    one result per line (or row)
   cancel <episode-id|batch-id> [--wait-ms N]  cancel waiting and running episodes (exit 3: already closing)

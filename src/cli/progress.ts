@@ -50,14 +50,18 @@ export function progressView(out: NodeJS.WriteStream, plainEveryMs = 5_000): Pro
   };
 }
 
-/** Poll until every episode of the batch has a result, showing progress; returns the summary. */
-export async function waitForBatch(results: ResultsStore, episodes: Queue, batchId: string, view: ProgressView, pollMs = 500): Promise<BatchSummary> {
+/**
+ * Poll until every episode of the batch has a result, showing progress; returns the summary. Past
+ * `timeoutMs` it returns the summary as it stands (finished: false).
+ */
+export async function waitForBatch(results: ResultsStore, episodes: Queue, batchId: string, view: ProgressView, timeoutMs = Infinity, pollMs = 500): Promise<BatchSummary> {
+  const until = Date.now() + timeoutMs;
   for (;;) {
     const s = await results.summary(batchId);
     if (s === undefined) throw new Error(`no batch ${batchId}`);
     const active = await episodes.getJobs(['active']);
     view.update(s, active.filter((j) => j.id?.startsWith(`${batchId}.`)).length);
-    if (s.finished) {
+    if (s.finished || Date.now() > until) {
       view.end();
       return s;
     }

@@ -100,6 +100,18 @@ function phaseSignal(parent: AbortSignal, ms: number, error: () => FleetError): 
   return ctrl.signal;
 }
 
+/** Redis steps of close may not wait longer than this (the worker's connection retries forever). */
+const REDIS_STEP_MS = 5_000;
+
+/** `work`, or a rejection after `ms` (work goes on in the background). */
+function within<T>(work: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} took longer than ${ms} ms`)), ms);
+  });
+  return Promise.race([work, late]).finally(() => clearTimeout(timer));
+}
+
 const summary = (run: AgentRun | ExecResult) => ({ exitCode: run.exitCode, timedOut: run.timedOut, durationMs: run.durationMs });
 
 interface Attempt {
@@ -146,7 +158,8 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
   // Close. From here on a cancel is refused (the caller is told the episode is closing), unless it
   // was flagged first, in which case the episode ends cancelled.
   const tClose = performance.now();
-  if (graded.stop === undefined && (await deps.control.beginClose(job.episodeId).catch(() => 'closing')) === 'cancelled') {
+  const begin = within(deps.control.beginClose(job.episodeId), REDIS_STEP_MS, 'marking the episode closing');
+  if (graded.stop === undefined && (await begin.catch(() => 'closing')) === 'cancelled') {
     graded = { status: 'cancelled', reward: null, stop: 'cancelled' };
   }
   const oomKilled = await closeEpisode(attempt, deps, state, log);
@@ -330,7 +343,7 @@ async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
 
   if (state.containerId !== undefined) {
     const id = state.containerId;
-    await deps.scheduleCleanup(job.episodeId, id).catch(async (err: unknown) => {
+    await within(deps.scheduleCleanup(job.episodeId, id), REDIS_STEP_MS, 'handing the sandbox to the cleanup queue').catch(async (err: unknown) => {
       log.warn({ containerId: id, err: String(err) }, 'cleanup queue unavailable; removing the sandbox directly');
       await removeContainer(deps.docker, id, deps.callTimeoutMs).catch((e: unknown) =>
         log.error({ containerId: id, err: String(e) }, 'sandbox not removed; the reaper will find it by its labels'));

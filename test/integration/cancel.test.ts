@@ -31,11 +31,15 @@ describe('cancel', () => {
   async function enqueue(agentCommand: string, id: string) {
     const file = await writeBatch(`name: ${id}\ntasks: [tasks]\nagent: { kind: command, command: ${JSON.stringify(agentCommand)} }\n`, { [id]: task(id) });
     const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
-    return { batchId: plan.batchId, episodeId: plan.jobs[0]!.episodeId };
+    return { batchId: plan.batchId, episodeId: plan.jobs[0]!.episodeId, file };
   }
 
   it('removes a waiting episode and records it cancelled', async () => {
-    const { batchId, episodeId } = await enqueue('echo fixed > state.txt', 'waiting');
+    const { batchId, episodeId, file } = await enqueue('echo fixed > state.txt', 'waiting');
+    // No worker runs: a wait with a timeout gives up with exit 4 and the summary so far.
+    const wait = await runCli(['enqueue', file, '--wait', '--json', '--timeout-ms', '300'], env.env);
+    expect(wait.code).toBe(4);
+    expect(JSON.parse(wait.stdout)).toMatchObject({ batchId, total: 1, done: 0, finished: false });
     const run = await runCli(['cancel', episodeId], env.env);
     expect(run.stdout).toBe(`${episodeId}: cancelled (it was waiting)\n`);
     expect(run.code).toBe(0);
