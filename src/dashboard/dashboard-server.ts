@@ -61,6 +61,17 @@ const sameOriginWrites: RequestHandler = (req, res, next) => {
   res.status(403).type('text/plain').send('cross-origin request refused\n');
 };
 
+/**
+ * Without authentication (local-only) a page on another site could still reach 127.0.0.1 through DNS
+ * rebinding: its requests then carry its own host name. Serve loopback host names only.
+ */
+const loopbackHostsOnly: RequestHandler = (req, res, next) => {
+  const host = req.headers.host ?? '';
+  const name = host.startsWith('[') ? host.slice(0, host.indexOf(']') + 1) : host.split(':')[0];
+  if (name === '127.0.0.1' || name === 'localhost' || name === '[::1]') return next();
+  res.status(421).type('text/plain').send('this local-only dashboard answers to 127.0.0.1 or localhost only\n');
+};
+
 export function createDashboardApp(opts: DashboardOptions): DashboardApp {
   const { redis, prefix, log } = opts;
   const queues = [BATCHES_QUEUE, EPISODES_QUEUE, CHECKPOINTS_QUEUE, CLEANUP_QUEUE].map((name) => {
@@ -78,6 +89,7 @@ export function createDashboardApp(opts: DashboardOptions): DashboardApp {
 
   const app = express();
   app.disable('x-powered-by');
+  if (opts.credentials === undefined) app.use(loopbackHostsOnly);
   app.use((_req, res, next) => {
     res.set('X-Content-Type-Options', 'nosniff').set('X-Frame-Options', 'DENY').set('Referrer-Policy', 'same-origin');
     next();

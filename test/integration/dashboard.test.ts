@@ -2,6 +2,7 @@
 // real batch run by an in-process worker: without credentials the dashboard answers 401; with them it
 // shows the queues in Bull Board, a finished episode's job, and the batch page with its charts and the
 // episode's evidence, escaped. Also: /metrics, read-only Bull Board, redaction, path traversal.
+import http from 'node:http';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -128,6 +129,15 @@ describe('dashboard', () => {
     try {
       expect(local.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
       expect((await fetch(`${local.url}/batches`)).status).toBe(200);
+      // A DNS-rebinding page reaches 127.0.0.1 under its own host name: refused.
+      const statusWithHost = (host: string) => new Promise<number>((resolve, reject) => {
+        http.get(`${local.url}/batches`, { headers: { host } }, (res) => {
+          res.resume();
+          resolve(res.statusCode ?? 0);
+        }).on('error', reject);
+      });
+      expect(await statusWithHost('evil.example')).toBe(421);
+      expect(await statusWithHost(`localhost:${new URL(local.url).port}`)).toBe(200);
     } finally {
       expect(await local.stop()).toBe(0);
     }
