@@ -2,12 +2,13 @@
 // adds nothing). Payload and result schemas, and the default job options.
 import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
+import { EpisodeId } from '../../src/episode/episode-id.ts';
 import { AgentSpec } from '../../src/tasks/agent-spec.ts';
 import { TaskSpec } from '../../src/tasks/task-spec.ts';
 
 export const EPISODES_QUEUE = 'episodes';
 
-const id = z.string().regex(/^[a-z0-9][a-z0-9_.-]{0,199}$/, 'lower-case letters, digits, ., - and _');
+const id = EpisodeId;
 
 export const EpisodeJob = z.strictObject({
   episodeId: id,

@@ -1,8 +1,9 @@
 // What one checkpoint holds: the agent's state after a turn (transcript, counters) and what became of
 // the task workdir's snapshot. The same shape travels through Redis and lands as checkpoint.json.
 import { z } from 'zod';
+import { EpisodeId } from '../episode/episode-id.ts';
 
-export const EpisodeIdForCheckpoint = z.string().regex(/^[a-z0-9][a-z0-9_.-]{0,199}$/, 'lower-case letters, digits, ., - and _');
+export const EpisodeIdForCheckpoint = EpisodeId;
 
 export const CheckpointUsage = z.object({ promptTokens: z.number(), completionTokens: z.number(), totalTokens: z.number() });
 export type CheckpointUsage = z.infer<typeof CheckpointUsage>;

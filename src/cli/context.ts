@@ -5,7 +5,7 @@ import { Redis } from 'ioredis';
 import { pino, type Logger } from 'pino';
 import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
 import { loadConfig, type FleetConfig } from '../config/config.ts';
-import { createDocker, type Docker } from '../sandbox/docker-client.ts';
+import { createDocker, dockerStatusOf, type Docker } from '../sandbox/docker-client.ts';
 
 export class UsageError extends Error {
   override readonly name = 'UsageError';
@@ -60,7 +60,7 @@ export function imageChecker(docker: Docker) {
       await docker.getImage(image).inspect();
       return true;
     } catch (err) {
-      return (err as { statusCode?: number }).statusCode === 404 ? false : undefined;
+      return dockerStatusOf(err) === 404 ? false : undefined;
     }
   };
 }

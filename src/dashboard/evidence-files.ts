@@ -5,8 +5,8 @@
 import { constants } from 'node:fs';
 import { open, readdir } from 'node:fs/promises';
 import path from 'node:path';
+import { EPISODE_ID_PATTERN } from '../episode/episode-id.ts';
 
-const EPISODE_ID = /^[a-z0-9][a-z0-9_.-]{0,199}$/;
 const ATTEMPT_DIR = /^attempt-(\d{1,6})$/;
 
 export interface EvidenceFile {
@@ -20,7 +20,7 @@ export interface EvidenceFile {
 
 /** The episode's evidence folder, or undefined when the id could point anywhere else. */
 export function evidenceFolder(dataDir: string, episodeId: string): string | undefined {
-  if (!EPISODE_ID.test(episodeId)) return undefined;
+  if (!EPISODE_ID_PATTERN.test(episodeId)) return undefined;
   const root = path.resolve(dataDir, 'evidence');
   const folder = path.resolve(root, episodeId);
   const rel = path.relative(root, folder);

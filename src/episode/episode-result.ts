@@ -2,9 +2,9 @@
 // lost outside the processor): built from whatever of the payload can be trusted.
 import type { Job } from 'bullmq';
 import { EpisodeJob, type EpisodeResult } from '../../queues/episodes/contract.ts';
+import { EPISODE_ID_PATTERN } from './episode-id.ts';
 
-const ID = /^[a-z0-9][a-z0-9_.-]{0,199}$/;
-const idOf = (value: unknown, fallback: string) => (typeof value === 'string' && ID.test(value) ? value : fallback);
+const idOf = (value: unknown, fallback: string) => (typeof value === 'string' && EPISODE_ID_PATTERN.test(value) ? value : fallback);
 
 export function resultWithoutRun(
   job: Pick<Job, 'id' | 'data' | 'attemptsStarted'>,

@@ -28,6 +28,12 @@ interface DockerLikeError {
   json?: { message?: string } | null;
 }
 
+/** The engine's HTTP status behind a dockerode error (or a FleetError wrapping one), if any. */
+export function dockerStatusOf(err: unknown): number | undefined {
+  const cause = err instanceof FleetError ? err.cause : err;
+  return (cause as { statusCode?: number } | undefined)?.statusCode;
+}
+
 /** Map a dockerode failure to a FleetError with a code that says whether to retry. */
 export function dockerError(what: string, err: unknown): FleetError {
   if (err instanceof FleetError) return err;

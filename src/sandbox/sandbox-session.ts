@@ -8,7 +8,7 @@ import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
 import type { Limits } from '../tasks/task-spec.ts';
 import { OutputCapture, type CapturedOutput } from './captured-output.ts';
-import { dockerCall, dockerError } from './docker-client.ts';
+import { dockerCall, dockerError, dockerStatusOf } from './docker-client.ts';
 import { sandboxLabels, type SandboxOwner } from './labels.ts';
 
 /** The user every process in the sandbox runs as; files copied in are owned by it. */
@@ -73,8 +73,9 @@ export interface ContainerState {
   exitCode: number | null;
 }
 
+/** 404 and 409 from a removal: the container is already gone or being removed. */
 function isGone(err: unknown): boolean {
-  const status = (err as { statusCode?: number }).statusCode;
+  const status = dockerStatusOf(err);
   return status === 404 || status === 409;
 }
 
@@ -103,8 +104,7 @@ export class SandboxSession {
     const call = { timeoutMs: callTimeoutMs, signal };
     // Image.inspect takes no abort signal (it would become a query parameter); the race bounds it.
     const image = await dockerCall('inspect image', call, () => docker.getImage(spec.image).inspect()).catch((err: unknown) => {
-      const cause = err instanceof FleetError ? err.cause : err;
-      if ((cause as { statusCode?: number } | undefined)?.statusCode === 404) {
+      if (dockerStatusOf(err) === 404) {
         throw new FleetError(
           'image_not_found',
           `image ${spec.image} not found on the Docker engine (there is no registry: build or import it first)`,
@@ -300,8 +300,7 @@ export async function removeContainer(docker: Docker, containerId: string, timeo
       docker.getContainer(containerId).remove({ force: true, v: true, abortSignal }),
     );
   } catch (err) {
-    const cause = err instanceof FleetError ? err.cause : err;
-    if (isGone(cause)) return;
+    if (isGone(err)) return;
     throw err;
   }
 }

@@ -4,9 +4,8 @@
 import type { Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
-import { FleetError } from '../errors/fleet-error.ts';
 import type { EngineAddress, UploadTarget } from './archive-upload.js';
-import { dockerCall, type CallOptions } from './docker-client.ts';
+import { dockerCall, dockerStatusOf, type CallOptions } from './docker-client.ts';
 import { removeContainer } from './sandbox-session.ts';
 
 export interface VolumeInfo {
@@ -16,18 +15,13 @@ export interface VolumeInfo {
   createdAt: string;
 }
 
-function statusOf(err: unknown): number | undefined {
-  const cause = err instanceof FleetError ? err.cause : err;
-  return (cause as { statusCode?: number } | undefined)?.statusCode;
-}
-
 /** The volume, or undefined when the engine has none of that name. */
 export async function inspectVolume(docker: Docker, name: string, call: CallOptions): Promise<VolumeInfo | undefined> {
   try {
     const info = await dockerCall('inspect volume', call, (abortSignal) => docker.getVolume(name).inspect({ abortSignal }));
     return { name: info.Name, labels: info.Labels ?? {}, createdAt: (info as { CreatedAt?: string }).CreatedAt ?? '' };
   } catch (err) {
-    if (statusOf(err) === 404) return undefined;
+    if (dockerStatusOf(err) === 404) return undefined;
     throw err;
   }
 }
@@ -45,7 +39,7 @@ export async function removeVolume(docker: Docker, name: string, call: CallOptio
     await dockerCall('remove volume', call, (abortSignal) => docker.getVolume(name).remove({ abortSignal }));
     return 'removed';
   } catch (err) {
-    const status = statusOf(err);
+    const status = dockerStatusOf(err);
     if (status === 404) return 'absent';
     if (status === 409) return 'in-use';
     throw err;
@@ -161,7 +155,7 @@ export async function withVolumeContainer<T>(
         (res as Readable).resume();
         return true;
       } catch (err) {
-        if (statusOf(err) === 404) return false;
+        if (dockerStatusOf(err) === 404) return false;
         throw err;
       }
     },
