@@ -13,7 +13,9 @@ import { pino } from 'pino';
 import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
 import { CLEANUP_QUEUE } from '../../queues/cleanup/contract.ts';
 import { startPrivateRedis, type PrivateRedis } from '../../src/cli/private-redis.ts';
-import { createDocker } from '../../src/sandbox/docker-client.ts';
+import { createDocker, type Docker } from '../../src/sandbox/docker-client.ts';
+import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
+import { loadBatch } from '../../src/tasks/load-task.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { ResultsStore } from '../../src/results/results-store.ts';
 import { startWorker, type WorkerHandle, type WorkerOptions } from '../../src/worker/start-worker.ts';
@@ -137,8 +139,8 @@ export function spawnWorker(env: NodeJS.ProcessEnv, workerId: string, concurrenc
 }
 
 /** Containers carrying a fleet label value, running or not. */
-export async function fleetContainers(label: keyof typeof LABEL, value: string) {
-  return docker.listContainers({ all: true, filters: { label: [`${LABEL[label]}=${value}`] } });
+export async function fleetContainers(label: keyof typeof LABEL, value: string, engine: Docker = docker) {
+  return engine.listContainers({ all: true, filters: { label: [`${LABEL[label]}=${value}`] } });
 }
 
 /** Wait until the batch has a result for every episode. */
@@ -155,18 +157,18 @@ export async function waitForNoContainers(batchId: string, timeoutMs = 30_000): 
 }
 
 /** Whether a running container has a file (the agent got that far). */
-export async function sandboxHasFile(containerId: string, file: string): Promise<boolean> {
-  return docker.getContainer(containerId).getArchive({ path: file }).then((s) => {
+export async function sandboxHasFile(containerId: string, file: string, engine: Docker = docker): Promise<boolean> {
+  return engine.getContainer(containerId).getArchive({ path: file }).then((s) => {
     (s as unknown as NodeJS.ReadableStream).resume();
     return true;
   }, () => false);
 }
 
 /** Wait until `count` running sandboxes carrying the label have written `file`. */
-export async function waitForSandboxFile(label: keyof typeof LABEL, value: string, file: string, count = 1, timeoutMs = 60_000): Promise<void> {
+export async function waitForSandboxFile(label: keyof typeof LABEL, value: string, file: string, count = 1, timeoutMs = 60_000, engine: Docker = docker): Promise<void> {
   await waitFor(`${count} sandbox(es) with ${label}=${value} to have ${file}`, async () => {
-    const running = (await fleetContainers(label, value)).filter((c) => c.State === 'running');
-    const has = await Promise.all(running.map((c) => sandboxHasFile(c.Id, file)));
+    const running = (await fleetContainers(label, value, engine)).filter((c) => c.State === 'running');
+    const has = await Promise.all(running.map((c) => sandboxHasFile(c.Id, file, engine)));
     return has.filter(Boolean).length >= count;
   }, timeoutMs, 200);
 }
@@ -178,4 +180,9 @@ export function startEnvWorker(env: FleetEnv, workerId: string, overrides: Parti
     workerId, concurrency: 2, callTimeoutMs: 30_000, outputCapBytes: 64 * 1024,
     ...overrides,
   });
+}
+
+/** Load a batch file and enqueue it on the env's Redis, as `rollout-fleet enqueue` does. */
+export async function enqueueFile(env: FleetEnv, file: string) {
+  return enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
 }

@@ -6,9 +6,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EpisodeControl } from '../../src/episode/episode-control.ts';
 import { cancelEpisode, waitForResult } from '../../src/producer/cancel-episodes.ts';
-import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
-import { loadBatch } from '../../src/tasks/load-task.ts';
-import { runCli, waitForSandboxFile, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import { runCli, waitForSandboxFile, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, type FleetEnv, type WorkerProcess, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const task = (id: string) => ({
@@ -30,7 +28,7 @@ describe('cancel', () => {
 
   async function enqueue(agentCommand: string, id: string) {
     const file = await writeBatch(`name: ${id}\ntasks: [tasks]\nagent: { kind: command, command: ${JSON.stringify(agentCommand)} }\n`, { [id]: task(id) });
-    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueFile(env, file);
     return { batchId: plan.batchId, episodeId: plan.jobs[0]!.episodeId, file };
   }
 

@@ -12,10 +12,8 @@ import { chromium, type BrowserContext } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
-import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
-import { loadBatch } from '../../src/tasks/load-task.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { BIN, runCli, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
+import { BIN, runCli, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const USER = 'operator';
@@ -84,7 +82,7 @@ describe('dashboard', () => {
         bad: task('bad', 'grep -qx never state.txt'), crash: task('crash', 'exit 3'),
       },
     );
-    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueFile(env, file);
     batchId = plan.batchId;
     results = await waitForResults(env, batchId, 4);
     await waitForNoContainers(batchId);

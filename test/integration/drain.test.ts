@@ -4,9 +4,7 @@
 import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
-import { loadBatch } from '../../src/tasks/load-task.ts';
-import { fleetContainers, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, waitForSandboxFile, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import { fleetContainers, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, waitForSandboxFile, type FleetEnv, type WorkerProcess, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 describe('drain on SIGTERM', () => {
@@ -31,7 +29,7 @@ describe('drain on SIGTERM', () => {
         files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
       },
     });
-    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueFile(env, file);
     const episodeId = plan.jobs[0]!.episodeId;
     await waitForSandboxFile('worker', 'leaving', '/workspace/started');
 

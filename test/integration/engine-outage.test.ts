@@ -3,11 +3,8 @@
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
-import { loadBatch } from '../../src/tasks/load-task.ts';
-import { LABEL } from '../../src/sandbox/labels.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { startFleetEnv, waitFor, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
+import { startFleetEnv, waitFor, waitForResults, type FleetEnv, startEnvWorker, enqueueFile, fleetContainers, waitForSandboxFile } from '../helpers/fleet.ts';
 import { createSecondEngine, type SecondEngine } from '../helpers/second-engine.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
@@ -34,15 +31,9 @@ describe('Docker engine outage', () => {
         files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
       },
     });
-    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueFile(env, file);
     const episodeId = plan.jobs[0]!.episodeId;
-    await waitFor('the agent to start', async () => {
-      const [c] = await engine.docker.listContainers({ filters: { label: [`${LABEL.episode}=${episodeId}`] } });
-      return c !== undefined && engine.docker.getContainer(c.Id).getArchive({ path: '/workspace/started' }).then((s) => {
-        (s as unknown as NodeJS.ReadableStream).resume();
-        return true;
-      }, () => false);
-    }, 60_000, 200);
+    await waitForSandboxFile('episode', episodeId, '/workspace/started', 1, 60_000, engine.docker);
 
     await engine.stop();
     // The attempt fails as infra (its evidence says so) while the engine is down.
@@ -57,6 +48,6 @@ describe('Docker engine outage', () => {
     expect(result!.attempts).toBeGreaterThanOrEqual(2);
     // The dead attempt's container is removed by the cleanup queue's retries once the engine is back.
     await waitFor('no sandbox left on the engine', async () =>
-      (await engine.docker.listContainers({ all: true, filters: { label: [`${LABEL.fleet}=${env.prefix}`] } })).length === 0, 60_000, 500);
+      (await fleetContainers('fleet', env.prefix, engine.docker)).length === 0, 60_000, 500);
   });
 });

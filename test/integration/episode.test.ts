@@ -3,10 +3,8 @@
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
-import { loadBatch } from '../../src/tasks/load-task.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
+import { startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 // A task whose verifier passes when the workspace file says "fixed".
@@ -31,7 +29,7 @@ describe('episodes', () => {
 
   async function runBatch(agentCommand: string, tasks: Record<string, ReturnType<typeof task>>) {
     const file = await writeBatch(`tasks: [tasks]\nagent: { kind: command, command: ${JSON.stringify(agentCommand)} }\n`, tasks);
-    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueFile(env, file);
     const results = await waitForResults(env, plan.batchId, plan.jobs.length);
     await waitForNoContainers(plan.batchId);
     return results;

@@ -3,10 +3,8 @@
 import { lstat, readFile, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
-import { loadBatch } from '../../src/tasks/load-task.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
+import { startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const OUTPUT_CAP = 256 * 1024;
@@ -39,7 +37,7 @@ describe('evidence', () => {
       },
     });
     const rssBefore = process.memoryUsage().rss;
-    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueFile(env, file);
     const [result] = await waitForResults(env, plan.batchId, 1, 180_000);
     expect(result).toMatchObject({ status: 'passed', reward: 1 });
     const rssGrowthMb = (process.memoryUsage().rss - rssBefore) / 1024 / 1024;

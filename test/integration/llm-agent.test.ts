@@ -7,14 +7,12 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MODEL_CALLS_FILE, modelSocketPath, startModelProxy } from '../../src/model/model-proxy.ts';
 import { startModelStub, type ModelStub } from '../../src/model/model-stub.ts';
-import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
 import { prepareRuntime } from '../../src/runtime/prepare-runtime.ts';
 import { defaultRuntimeInputs } from '../../src/runtime/runtime-inputs.ts';
 import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
-import { loadBatch } from '../../src/tasks/load-task.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { EXAMPLES, docker, silentLog, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
+import { EXAMPLES, docker, silentLog, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const API_KEY = `sk-test-${process.pid}-never-in-a-sandbox`;
@@ -37,7 +35,7 @@ describe('reference LLM agent', () => {
 
   it('solves the example tasks through the proxy, with the runtime mounted, and keeps the key out', async () => {
     const file = await writeBatch(`tasks: [${JSON.stringify(path.join(EXAMPLES, 'tasks'))}]\nagent: { kind: llm, maxTurns: 10 }\n`, {});
-    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueFile(env, file);
     const results = await waitForResults(env, plan.batchId, plan.jobs.length, 180_000);
     for (const r of results) {
       const expected = r.taskId === 'reverse-lines' ? ['failed', 0] : ['passed', 1];

@@ -4,9 +4,7 @@
 import { readFile, readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
-import { loadBatch } from '../../src/tasks/load-task.ts';
-import { fleetContainers, waitForSandboxFile, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import { fleetContainers, waitForSandboxFile, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const slowTask = (id: string) => ({
@@ -34,7 +32,7 @@ describe('reaper', () => {
       a: slowTask('a'),
       b: slowTask('b'),
     });
-    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueFile(env, file);
 
     // Both episodes are running in the victim's sandboxes (the agent has written its notes).
     await waitForSandboxFile('worker', 'victim', '/workspace/notes.txt', 2);

@@ -6,10 +6,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { freePort, startPrivateRedis, type PrivateRedis } from '../../src/cli/private-redis.ts';
-import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
-import { loadBatch } from '../../src/tasks/load-task.ts';
 import {
   fleetEnvOn, spawnWorker, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess,
+  enqueueFile,
 } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
@@ -23,9 +22,6 @@ async function batchFile(name: string, samples: number, agentSec: number): Promi
   });
 }
 
-async function enqueue(env: FleetEnv, file: string) {
-  return enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
-}
 
 describe('redis outages', () => {
   let env: FleetEnv | undefined;
@@ -57,7 +53,7 @@ describe('redis outages', () => {
     // The worker's prefix and data folder, so it and the test see the same keys and files.
     env = await fleetEnvOn(await startPrivateRedis({ port }), { prefix, dataDir });
 
-    const plan = await enqueue(env, await batchFile('early', 2, 0));
+    const plan = await enqueueFile(env, await batchFile('early', 2, 0));
     const results = await waitForResults(env, plan.batchId, 2);
     expect(results.map((r) => [r.status, r.reward, r.workerId])).toEqual([['passed', 1, 'early-w'], ['passed', 1, 'early-w']]);
     await waitForNoContainers(plan.batchId);
@@ -72,7 +68,7 @@ describe('redis outages', () => {
     const fleet = env;
     workers = [spawnWorker(fleet.env, 'outage-w1'), spawnWorker(fleet.env, 'outage-w2')];
     const samples = 6;
-    const plan = await enqueue(fleet, await batchFile('outage', samples, 3));
+    const plan = await enqueueFile(fleet, await batchFile('outage', samples, 3));
 
     // Mid-batch: episodes are running in sandboxes, none has finished.
     await waitFor('episodes to be running', async () => (await fleet.episodes.getActiveCount()) >= 2, 60_000);

@@ -6,9 +6,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Checkpoint } from '../../src/checkpoints/checkpoint.ts';
 import { startModelStub, type ModelStub } from '../../src/model/model-stub.ts';
-import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
-import { loadBatch } from '../../src/tasks/load-task.ts';
-import { EXAMPLES, silentLog, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import { EXAMPLES, silentLog, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 describe('resume after kill -9', () => {
@@ -33,7 +31,7 @@ describe('resume after kill -9', () => {
     workers.push(victim);
     // set-port takes four turns: write the patch, write solve.sh, run it, finish.
     const file = await writeBatch(`tasks: [${JSON.stringify(path.join(EXAMPLES, 'tasks', 'set-port'))}]\nagent: { kind: llm }\n`, {});
-    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueFile(env, file);
     const episodeId = plan.jobs[0]!.episodeId;
     const folder = path.join(env.dataDir, 'checkpoints', episodeId);
     const latestSeq = async () => readFile(path.join(folder, 'latest.json'), 'utf8').then((t) => (JSON.parse(t) as { seq: number }).seq, () => 0);

@@ -1,9 +1,7 @@
 // `rollout-fleet retry <batch> --kind infra` re-enqueues only the episodes that ended with that kind;
 // every other result stays as it was.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
-import { loadBatch } from '../../src/tasks/load-task.ts';
-import { runCli, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import { runCli, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, type FleetEnv, type WorkerProcess, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const task = (id: string) => ({
@@ -25,7 +23,7 @@ describe('retry by kind', () => {
 
   it('requeues the infra failures and keeps the rest', async () => {
     const file = await writeBatch('tasks: [tasks]\nagent: { kind: command, command: "echo fixed > state.txt" }\n', { good: task('good'), lost: task('lost') });
-    const plan = await enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
+    const plan = await enqueueFile(env, file);
     const lost = plan.jobs.find((j) => j.task.id === 'lost')!;
     // `lost` loses its task archive: invalid input. `good` meets an engine that answers nothing in
     // time (a 1 ms deadline on every Docker call) with no infra retries left: kind infra.
