@@ -3,6 +3,7 @@
 import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import { EpisodeId } from '../../src/episode/episode-id.ts';
+import { FailureKind } from '../../src/errors/failure-kind.ts';
 import { AgentSpec } from '../../src/tasks/agent-spec.ts';
 import { TaskSpec } from '../../src/tasks/task-spec.ts';
 
@@ -26,8 +27,6 @@ export type EpisodeJob = z.infer<typeof EpisodeJob>;
 export const EpisodeStatus = z.enum(['passed', 'failed', 'timeout', 'cancelled', 'error']);
 export type EpisodeStatus = z.infer<typeof EpisodeStatus>;
 
-export const FailureKindSchema = z.enum(['infra', 'model', 'agent', 'verifier', 'invalid']);
-
 const Captured = z.object({ exitCode: z.number().int().nullable(), timedOut: z.boolean(), durationMs: z.number() });
 
 export const EpisodeResult = z.object({
@@ -37,7 +36,7 @@ export const EpisodeResult = z.object({
   sample: z.number().int(),
   status: EpisodeStatus,
   /** Set when status is error: which kind of failure, with its stable code and message. */
-  error: z.object({ kind: FailureKindSchema, code: z.string(), message: z.string() }).optional(),
+  error: z.object({ kind: FailureKind, code: z.string(), message: z.string() }).optional(),
   /** 1 or 0 from the verifier; null when the episode was not graded. */
   reward: z.number().nullable(),
   /** Attempts this episode took, the last included. */

@@ -5,7 +5,8 @@
 import { rm } from 'node:fs/promises';
 import { WaitingError, type Job } from 'bullmq';
 import { describeIssues } from '../../src/config/zod-issues.ts';
-import type { FailureKind, FleetError } from '../../src/errors/fleet-error.ts';
+import type { FailureKind } from '../../src/errors/failure-kind.ts';
+import type { FleetError } from '../../src/errors/fleet-error.ts';
 import { resultWithoutRun } from '../../src/episode/episode-result.ts';
 import type { RunningEpisodes } from '../../src/episode/running-episodes.ts';
 import { runEpisode, type EpisodeDeps } from '../../src/episode/run-episode.ts';

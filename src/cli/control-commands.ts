@@ -1,7 +1,7 @@
 // `rollout-fleet cancel` and `rollout-fleet retry`: steering episodes that are queued or running.
 import { parseArgs } from 'node:util';
 import { EpisodeControl } from '../episode/episode-control.ts';
-import type { FailureKind } from '../errors/fleet-error.ts';
+import { FAILURE_KINDS, FailureKind } from '../errors/failure-kind.ts';
 import { cancelEpisode, waitForResult, type CancelOutcome } from '../producer/cancel-episodes.ts';
 import { retryByKind } from '../producer/retry-by-kind.ts';
 import { ResultsStore } from '../results/results-store.ts';
@@ -9,7 +9,6 @@ import { UsageError, connectProducer, episodesQueue, requireRedisUrl, type Cli }
 
 /** Exit code of a cancel that met an episode already closing. */
 export const EXIT_CONFLICT = 3;
-const KINDS: readonly FailureKind[] = ['infra', 'model', 'agent', 'verifier', 'invalid'];
 
 async function producerParts(cli: Cli) {
   const { config } = cli;
@@ -69,9 +68,10 @@ export async function cancelCommand(cli: Cli, args: string[]): Promise<number> {
 export async function retryCommand(cli: Cli, args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { kind: { type: 'string' } } });
   const batchId = positionals[0];
-  const kind = values.kind as FailureKind | undefined;
-  if (batchId === undefined || kind === undefined) throw new UsageError('usage: rollout-fleet retry <batch-id> --kind infra|model|agent|verifier|invalid');
-  if (!KINDS.includes(kind)) throw new UsageError(`--kind: expected one of ${KINDS.join(', ')}, got ${JSON.stringify(kind)}`);
+  if (batchId === undefined || values.kind === undefined) throw new UsageError(`usage: rollout-fleet retry <batch-id> --kind ${FAILURE_KINDS.join('|')}`);
+  const parsedKind = FailureKind.safeParse(values.kind);
+  if (!parsedKind.success) throw new UsageError(`--kind: expected one of ${FAILURE_KINDS.join(', ')}, got ${JSON.stringify(values.kind)}`);
+  const kind = parsedKind.data;
   const parts = await producerParts(cli);
   try {
     if ((await parts.results.getManifest(batchId)) === undefined) throw new UsageError(`no batch ${JSON.stringify(batchId)} in this Redis`);

@@ -1,7 +1,6 @@
 // One error type for the whole fleet. Every failure carries a stable `code`; `outcomeOf` is the single
 // exhaustive mapping from code to failure kind and to whether the episode may be retried.
-
-export type FailureKind = 'infra' | 'model' | 'agent' | 'verifier' | 'invalid';
+import type { FailureKind } from './failure-kind.ts';
 
 export type FleetErrorCode =
   /** The job payload on the queue does not match the episode schema. */

@@ -3,7 +3,7 @@
 import type { Queue } from 'bullmq';
 import { episodeJobOptions, type EpisodeJob } from '../../queues/episodes/contract.ts';
 import { resetRetryCounts } from '../../queues/episodes/processor.ts';
-import type { FailureKind } from '../errors/fleet-error.ts';
+import type { FailureKind } from '../errors/failure-kind.ts';
 import type { EpisodeControl } from '../episode/episode-control.ts';
 import type { ResultsStore } from '../results/results-store.ts';
 import type { Redis } from 'ioredis';

@@ -2,7 +2,7 @@
 // sampled k, phase durations (p50, p95) and tokens. What `status`, `enqueue --wait`, the batch parent
 // job and the dashboard show, computed from the results store.
 import type { EpisodeResult, EpisodeStatus } from '../../queues/episodes/contract.ts';
-import type { FailureKind } from '../errors/fleet-error.ts';
+import type { FailureKind } from '../errors/failure-kind.ts';
 
 const PHASES = ['setupMs', 'agentMs', 'verifyMs', 'closeMs', 'totalMs'] as const;
 type Phase = (typeof PHASES)[number];
