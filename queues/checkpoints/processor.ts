@@ -6,8 +6,9 @@ import { UnrecoverableError } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { CheckpointStore } from '../../src/checkpoints/checkpoint-store.ts';
-import { InvalidStagedCheckpoint, loadStaged, stagedKeyPrefix } from '../../src/checkpoints/checkpoint-staging.ts';
+import { InvalidStagedCheckpoint, loadStaged } from '../../src/checkpoints/checkpoint-staging.ts';
 import { describeIssues } from '../../src/config/zod-issues.ts';
+import { checkpointStagedKeyPrefix } from '../../src/redis/redis-keys.ts';
 import { CheckpointJob, type CheckpointResult } from './contract.ts';
 
 export interface CheckpointProcessorDeps {
@@ -25,7 +26,7 @@ export function checkpointProcessor(deps: CheckpointProcessorDeps) {
     if (!parsed.success) throw new UnrecoverableError(`invalid checkpoint job: ${describeIssues(parsed.error, job.data).join('; ')}`);
     const { episodeId, seq, stagedKey } = parsed.data;
     // The writer deletes this key afterwards: never let a payload name an arbitrary key.
-    if (!stagedKey.startsWith(stagedKeyPrefix(prefix))) throw new UnrecoverableError(`invalid checkpoint job: stagedKey: not a checkpoint stage (got ${JSON.stringify(stagedKey)})`);
+    if (!stagedKey.startsWith(checkpointStagedKeyPrefix(prefix))) throw new UnrecoverableError(`invalid checkpoint job: stagedKey: not a checkpoint stage (got ${JSON.stringify(stagedKey)})`);
     const log = deps.log.child({ episodeId, seq, jobId: job.id });
 
     let staged;

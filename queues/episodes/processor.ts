@@ -10,6 +10,7 @@ import type { FleetError } from '../../src/errors/fleet-error.ts';
 import { resultWithoutRun } from '../../src/episode/episode-result.ts';
 import type { RunningEpisodes } from '../../src/episode/running-episodes.ts';
 import { runEpisode, type EpisodeDeps } from '../../src/episode/run-episode.ts';
+import { episodeFailuresKey as failuresKey, episodeStartsKey as startsKey } from '../../src/redis/redis-keys.ts';
 import type { ResultsStore } from '../../src/results/results-store.ts';
 import { EpisodeJob, type EpisodeResult } from './contract.ts';
 
@@ -30,8 +31,6 @@ export class RetryableEpisodeError extends Error {
   }
 }
 
-const failuresKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:failures`;
-const startsKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:starts`;
 const KEEP_SEC = 7 * 24 * 3600;
 
 /** Forget an episode's retry counts (it is requeued, e.g. retried by kind: fresh budgets). */

@@ -3,12 +3,11 @@
 // bytes and an orphaned stage (a worker that died between staging and enqueueing) expires by itself.
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
+import { checkpointStagedKey } from '../redis/redis-keys.ts';
 import { Checkpoint } from './checkpoint.ts';
 
-export const stagedKeyPrefix = (prefix: string) => `${prefix}:checkpoint-staged:`;
-
 /** A fresh key per hand-off: a second hand-off of the same seq never overwrites a stage in use. */
-export const newStagedKey = (prefix: string, jobId: string) => `${stagedKeyPrefix(prefix)}${jobId}:${randomBytes(6).toString('hex')}`;
+export const newStagedKey = (prefix: string, jobId: string) => checkpointStagedKey(prefix, jobId, randomBytes(6).toString('hex'));
 
 export async function stageCheckpoint(redis: Redis, key: string, checkpoint: Checkpoint, workspace: Buffer | undefined, ttlMs: number): Promise<void> {
   const fields: Record<string, string | Buffer> = { checkpoint: JSON.stringify(checkpoint) };

@@ -5,6 +5,7 @@
 // (SET NX PX) that expires by itself when its holder is killed.
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
+import { checkpointLockKey } from '../redis/redis-keys.ts';
 
 /** Gives up the lock; returns at once (a remote release goes out in the background). */
 export type ReleaseLock = () => void;
@@ -49,7 +50,7 @@ export function redisEpisodeLock(redis: Redis, prefix: string, opts: RedisEpisod
   return {
     async acquire(episodeId: string): Promise<ReleaseLock> {
       const releaseLocal = await local.acquire(episodeId);
-      const key = `${prefix}:checkpoint-lock:${episodeId}`;
+      const key = checkpointLockKey(prefix, episodeId);
       const token = randomBytes(8).toString('hex');
       const until = Date.now() + waitMs;
       try {

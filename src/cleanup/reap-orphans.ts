@@ -7,6 +7,7 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { EvidenceStore } from '../evidence/evidence-store.ts';
 import { extractSafely, type ExtractLimits } from '../evidence/safe-extract.ts';
+import { leaseMissingKey, reapedCountKey } from '../redis/redis-keys.ts';
 import { dockerCall } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
@@ -29,9 +30,6 @@ export interface ReapDeps {
    */
   confirmDeadAfterMs: number;
 }
-
-/** Redis counter of every sandbox the reaper removed (for /metrics). */
-export const reapedCountKey = (prefix: string) => `${prefix}:reaped-sandboxes`;
 
 export interface ReapReport {
   inspected: number;
@@ -74,7 +72,7 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
 
 /** The workers whose lease has been missing for at least confirmDeadAfterMs; clears marks of live ones. */
 async function confirmedDead(deps: ReapDeps, missing: string[], live: Set<string>, now: number): Promise<Set<string>> {
-  const key = (w: string) => `${deps.prefix}:lease-missing:${w}`;
+  const key = (w: string) => leaseMissingKey(deps.prefix, w);
   if (live.size > 0) await deps.redis.del(...[...live].map(key));
   const dead = new Set<string>();
   for (const w of missing) {

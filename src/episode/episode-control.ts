@@ -2,6 +2,7 @@
 // requests (a flag plus a pub/sub message to whichever worker runs it), and the atomic hand-over to
 // the close phase, so a cancel that arrives while an episode is closing is refused, never half-done.
 import type { Redis } from 'ioredis';
+import { episodeCancelChannel, episodeCancelKey, episodePhaseKey } from '../redis/redis-keys.ts';
 
 /** Control keys outlive any episode: the longest deadline a task may have (7 days) and a day more. */
 const TTL_SEC = 8 * 24 * 3600;
@@ -38,11 +39,11 @@ export class EpisodeControl {
   ) {}
 
   get channel(): string {
-    return `${this.prefix}:episode-cancel`;
+    return episodeCancelChannel(this.prefix);
   }
 
   private keys(episodeId: string): [string, string] {
-    return [`${this.prefix}:episode:${episodeId}:phase`, `${this.prefix}:episode:${episodeId}:cancel`];
+    return [episodePhaseKey(this.prefix, episodeId), episodeCancelKey(this.prefix, episodeId)];
   }
 
   async markRunning(episodeId: string): Promise<'running' | 'cancelled'> {

@@ -5,6 +5,7 @@ import path from 'node:path';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { EpisodeResult } from '../../queues/episodes/contract.ts';
+import { batchesKey, batchManifestKey, batchResultsKey, batchSummaryKey } from '../redis/redis-keys.ts';
 import { writeFileAtomic } from './atomic-write.ts';
 import { summarize, type BatchSummary } from './batch-summary.ts';
 
@@ -25,20 +26,20 @@ export class ResultsStore {
   ) {}
 
   private manifestKey(batchId: string) {
-    return `${this.prefix}:batch:${batchId}`;
+    return batchManifestKey(this.prefix, batchId);
   }
 
   private resultsKey(batchId: string) {
-    return `${this.prefix}:batch:${batchId}:results`;
+    return batchResultsKey(this.prefix, batchId);
   }
 
   private summaryKey(batchId: string) {
-    return `${this.prefix}:batch:${batchId}:summary`;
+    return batchSummaryKey(this.prefix, batchId);
   }
 
   /** Every batch id, scored by its creation time, so the dashboard can list batches without a SCAN. */
   private batchesKey() {
-    return `${this.prefix}:batches`;
+    return batchesKey(this.prefix);
   }
 
   /** Record a batch once; false when it was recorded before (the same batch enqueued again). */

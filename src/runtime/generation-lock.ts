@@ -20,9 +20,6 @@ const RENEW_SCRIPT = `if redis.call('get', KEYS[1]) == ARGV[1] then return redis
  */
 const RELEASE_SCRIPT = `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end`;
 
-/** One lock per engine and generation: hosts sharing a Redis install their own engines in parallel. */
-export const lockKey = (prefix: string, engineId: string, generationId: string) => `${prefix}:runtime:lock:${engineId}:${generationId}`;
-
 export interface HeldLock {
   readonly token: string;
   /** Aborts if the lock is lost (a renewal found another token or none): stop writing at once. */

@@ -6,12 +6,13 @@ import { stat } from 'node:fs/promises';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
+import { runtimeLastUsedKey, runtimeLockKey } from '../redis/redis-keys.ts';
 import { engineId, type Docker } from '../sandbox/docker-client.ts';
 import { inspectVolume } from '../sandbox/volumes.ts';
 import type { VolumeMount } from '../sandbox/sandbox-session.ts';
 import { DEFAULT_IMAGE } from '../tasks/task-spec.ts';
 import { hashRuntimeInputs } from './build-archive.ts';
-import { isLocked, lockKey, tryLock } from './generation-lock.ts';
+import { isLocked, tryLock } from './generation-lock.ts';
 import { checkRuntimeInputs, RUNTIME_MOUNT_PATH, type RuntimeInputs } from './runtime-inputs.ts';
 import type { HashedInputs } from './runtime-manifest.ts';
 import { discardVolume, installGeneration, runtimeVolumeName, volumeState, type VolumeDeps } from './runtime-volume.ts';
@@ -58,7 +59,6 @@ export interface RuntimeGeneration {
 }
 
 /** Redis hash: generation id -> last preparation (ms since the epoch), read by removeStaleGenerations. */
-export const lastUsedKey = (prefix: string) => `${prefix}:runtime:last-used`;
 
 interface Installed {
   warm: boolean;
@@ -159,7 +159,7 @@ export async function prepareRuntime(deps: RuntimeDeps, inputs: RuntimeInputs, o
       }
     }
   }
-  await deps.redis.hset(lastUsedKey(deps.prefix), generationId, String(Date.now()));
+  await deps.redis.hset(runtimeLastUsedKey(deps.prefix), generationId, String(Date.now()));
   const prepareMs = Math.round((performance.now() - started) * 100) / 100;
   const record = { generationId, volumeName, warm: result.warm, prepareMs, bytesCopied: result.bytesCopied };
   if (result.warm && seen !== undefined) deps.log.debug(record, 'runtime prepared');
@@ -189,7 +189,7 @@ async function ensureInstalled(
   const vdeps: VolumeDeps = { docker: deps.docker, log: deps.log, callTimeoutMs };
   const id = hashedInputs.generationId;
   const ref = { volumeName, generationId: id, prefix: deps.prefix };
-  const key = lockKey(deps.prefix, await engineId(deps.docker, { timeoutMs: callTimeoutMs }), id);
+  const key = runtimeLockKey(deps.prefix, await engineId(deps.docker, { timeoutMs: callTimeoutMs }), id);
   const deadline = Date.now() + timeoutMs;
   const log = deps.log.child({ generationId: id, volumeName });
   let waitedLogged = false;

@@ -3,12 +3,13 @@
 // by an installer. Meant for the cleanup queue's scheduled job; safe to run from any process.
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import { runtimeLastUsedKey, runtimeLockKey } from '../redis/redis-keys.ts';
 import { engineId, type Docker } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import { containersUsingVolume, listVolumes, removeVolume } from '../sandbox/volumes.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
-import { lockKey, tryLock } from './generation-lock.ts';
-import { distrustVolume, lastUsedKey } from './prepare-runtime.ts';
+import { tryLock } from './generation-lock.ts';
+import { distrustVolume } from './prepare-runtime.ts';
 
 export interface StaleGenerationDeps {
   docker: Docker;
@@ -44,7 +45,7 @@ export async function removeStaleGenerations(deps: StaleGenerationDeps, opts: Re
   const call = { timeoutMs: opts.callTimeoutMs ?? 30_000 };
   const now = opts.nowMs ?? Date.now();
   const volumes = await listVolumes(docker, [LABEL.runtimeGeneration, `${LABEL.prefix}=${prefix}`], call);
-  const lastUsed = await redis.hgetall(lastUsedKey(prefix));
+  const lastUsed = await redis.hgetall(runtimeLastUsedKey(prefix));
   const idleSince = (id: string, createdAt: string) => Math.max(Number(lastUsed[id] ?? 0), Date.parse(createdAt) || 0);
   const removed: string[] = [];
 
@@ -52,10 +53,10 @@ export async function removeStaleGenerations(deps: StaleGenerationDeps, opts: Re
     const id = volume.labels[LABEL.runtimeGeneration]!;
     if (now - idleSince(id, volume.createdAt) < opts.maxIdleMs) continue;
     // The install lock keeps installers and repairers out while we decide and remove.
-    const lock = await tryLock(redis, lockKey(prefix, await engineId(docker, call), id), 30_000, log);
+    const lock = await tryLock(redis, runtimeLockKey(prefix, await engineId(docker, call), id), 30_000, log);
     if (!lock) continue;
     try {
-      const fresh = Number((await redis.hget(lastUsedKey(prefix), id)) ?? 0);
+      const fresh = Number((await redis.hget(runtimeLastUsedKey(prefix), id)) ?? 0);
       if (now - Math.max(fresh, Date.parse(volume.createdAt) || 0) < opts.maxIdleMs) continue;
       const users = await containersUsingVolume(docker, volume.name, call);
       if (users.some((u) => u.labels[LABEL.runtimeRole] === undefined)) continue;
@@ -63,7 +64,7 @@ export async function removeStaleGenerations(deps: StaleGenerationDeps, opts: Re
       for (const helper of users) await removeContainer(docker, helper.id, call.timeoutMs);
       if ((await removeVolume(docker, volume.name, call)) === 'in-use') continue;
       distrustVolume(docker, volume.name);
-      await redis.hdel(lastUsedKey(prefix), id);
+      await redis.hdel(runtimeLastUsedKey(prefix), id);
       removed.push(volume.name);
       log.info({ volumeName: volume.name, generationId: id, idleMs: now - fresh }, 'stale runtime generation removed');
     } finally {

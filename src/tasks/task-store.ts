@@ -3,20 +3,19 @@
 // refreshes its expiry) cannot change it; the digest is checked on read.
 import type { Redis } from 'ioredis';
 import { FleetError } from '../errors/fleet-error.ts';
+import { taskArchiveKey } from '../redis/redis-keys.ts';
 import { TaskArchive } from './task-archive.ts';
 import type { PackedTask } from './pack-task.ts';
 
 /** Task archives outlive the jobs that name them by this long after their last enqueue. */
 const TASK_ARCHIVE_TTL_SEC = 30 * 24 * 3600;
 
-const key = (prefix: string, digest: string) => `${prefix}:task-archive:${digest}`;
-
 export async function putTaskArchive(redis: Redis, prefix: string, packed: PackedTask): Promise<void> {
-  await redis.set(key(prefix, packed.digest), packed.archive, 'EX', TASK_ARCHIVE_TTL_SEC);
+  await redis.set(taskArchiveKey(prefix, packed.digest), packed.archive, 'EX', TASK_ARCHIVE_TTL_SEC);
 }
 
 export async function getTaskArchive(redis: Redis, prefix: string, digest: string): Promise<TaskArchive> {
-  const archive = await redis.getBuffer(key(prefix, digest));
+  const archive = await redis.getBuffer(taskArchiveKey(prefix, digest));
   if (archive === null) {
     throw new FleetError('task_archive_missing', `task archive ${digest} is not in the store (expired or never enqueued)`);
   }

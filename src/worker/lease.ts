@@ -3,8 +3,7 @@
 // may remove them.
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-
-export const leaseKey = (prefix: string, workerId: string) => `${prefix}:lease:${workerId}`;
+import { leaseKey } from '../redis/redis-keys.ts';
 
 export interface Lease {
   stop(): Promise<void>;

@@ -6,7 +6,7 @@ import type { Redis } from 'ioredis';
 import tar from 'tar-stream';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import type { CheckpointOffer } from '../../src/checkpoints/checkpoint.ts';
-import { stagedKeyPrefix } from '../../src/checkpoints/checkpoint-staging.ts';
+import { bullmqJobKey, checkpointStagedKeyPrefix } from '../../src/redis/redis-keys.ts';
 
 /** A checkpoint offer whose transcript is about `transcriptBytes` of JSON. */
 export function offerOf(episodeId: string, seq: number, transcriptBytes = 2_000, note = ''): CheckpointOffer {
@@ -50,13 +50,13 @@ async function scanKeys(redis: Redis, pattern: string): Promise<string[]> {
 
 /** Checkpoint jobs (their hashes, any state) and staged checkpoints of an episode, counted in Redis itself. */
 export async function redisHoldings(redis: Redis, prefix: string, episodeId: string): Promise<{ jobs: number; staged: number }> {
-  const jobKey = new RegExp(`^${prefix}:${CHECKPOINTS_QUEUE}:${episodeId.replace(/\./g, '\\.')}\\.cp\\d+$`);
-  const jobs = (await scanKeys(redis, `${prefix}:${CHECKPOINTS_QUEUE}:${episodeId}.cp*`)).filter((k) => jobKey.test(k)).length;
-  const staged = (await scanKeys(redis, `${stagedKeyPrefix(prefix)}${episodeId}.cp*`)).length;
+  const jobKey = new RegExp(`^${bullmqJobKey(prefix, CHECKPOINTS_QUEUE, episodeId).replace(/\./g, '\\.')}\\.cp\\d+$`);
+  const jobs = (await scanKeys(redis, bullmqJobKey(prefix, CHECKPOINTS_QUEUE, `${episodeId}.cp*`))).filter((k) => jobKey.test(k)).length;
+  const staged = (await scanKeys(redis, `${checkpointStagedKeyPrefix(prefix)}${episodeId}.cp*`)).length;
   return { jobs, staged };
 }
 
 /** Every staged checkpoint under a prefix. */
 export async function allStaged(redis: Redis, prefix: string): Promise<string[]> {
-  return scanKeys(redis, `${stagedKeyPrefix(prefix)}*`);
+  return scanKeys(redis, `${checkpointStagedKeyPrefix(prefix)}*`);
 }

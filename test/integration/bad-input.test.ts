@@ -6,6 +6,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { episodeJobOptions } from '../../queues/episodes/contract.ts';
 import { planBatch } from '../../src/producer/enqueue-batch.ts';
+import { fleetKeyPattern } from '../../src/redis/redis-keys.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
 import { putTaskArchive } from '../../src/tasks/task-store.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
@@ -46,7 +47,7 @@ describe('bad input', () => {
     // Nothing of the batch reached Redis: no job, no manifest, no task archive.
     expect(await env.episodes.getJobCounts()).toMatchObject({ waiting: 0, active: 0, completed: 0, failed: 0, delayed: 0 });
     // (The queues' own :meta keys exist from the moment a Queue object is made.)
-    expect((await env.client.keys(`${env.prefix}:*`)).filter((k) => !k.endsWith(':meta'))).toEqual([]);
+    expect((await env.client.keys(fleetKeyPattern(env.prefix))).filter((k) => !k.endsWith(':meta'))).toEqual([]);
   }
 
   it('rejects a malformed batch file naming file, field and value', async () => {

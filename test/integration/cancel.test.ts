@@ -6,6 +6,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EpisodeControl } from '../../src/episode/episode-control.ts';
 import { cancelEpisode, waitForResult } from '../../src/producer/cancel-episodes.ts';
+import { episodePhaseKey } from '../../src/redis/redis-keys.ts';
 import { runCli, waitForSandboxFile, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, type FleetEnv, type WorkerProcess, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
@@ -67,7 +68,7 @@ describe('cancel', () => {
     // A large workspace makes the close (snapshot and diff) last long enough to be caught in it.
     const { batchId, episodeId } = await enqueue('head -c 300000000 /dev/zero > big.bin; echo fixed > state.txt', 'closing');
     const control = new EpisodeControl(env.client, env.prefix);
-    await waitFor('the episode to be closing', async () => (await env.client.get(`${env.prefix}:episode:${episodeId}:phase`)) === 'closing', 60_000, 5);
+    await waitFor('the episode to be closing', async () => (await env.client.get(episodePhaseKey(env.prefix, episodeId))) === 'closing', 60_000, 5);
     const outcome = await cancelEpisode({ queue: env.episodes, results: env.results, control, by: 'test' }, episodeId);
     expect(outcome).toBe('closing');
     const result = await waitForResult(env.results, batchId, episodeId, 60_000);

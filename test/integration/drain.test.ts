@@ -4,6 +4,7 @@
 import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { leaseKey } from '../../src/redis/redis-keys.ts';
 import { fleetContainers, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, waitForSandboxFile, type FleetEnv, type WorkerProcess, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
@@ -35,7 +36,7 @@ describe('drain on SIGTERM', () => {
 
     const staying = spawnWorker(env.env, 'staying');
     workers.push(staying);
-    await waitFor('the second worker to hold its lease', async () => (await env.client.exists(`${env.prefix}:lease:staying`)) === 1, 30_000);
+    await waitFor('the second worker to hold its lease', async () => (await env.client.exists(leaseKey(env.prefix, 'staying'))) === 1, 30_000);
     const sigterm = Date.now();
     const code = await leaving.stop();
     expect(code).toBe(0);

@@ -1,6 +1,7 @@
 // `rollout-fleet retry <batch> --kind infra` re-enqueues only the episodes that ended with that kind;
 // every other result stays as it was.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { taskArchiveKey } from '../../src/redis/redis-keys.ts';
 import { runCli, spawnWorker, startFleetEnv, waitFor, waitForNoContainers, type FleetEnv, type WorkerProcess, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
@@ -27,7 +28,7 @@ describe('retry by kind', () => {
     const lost = plan.jobs.find((j) => j.task.id === 'lost')!;
     // `lost` loses its task archive: invalid input. `good` meets an engine that answers nothing in
     // time (a 1 ms deadline on every Docker call) with no infra retries left: kind infra.
-    await env.client.del(`${env.prefix}:task-archive:${lost.taskDigest}`);
+    await env.client.del(taskArchiveKey(env.prefix, lost.taskDigest));
     const broken = spawnWorker({ ...env.env, FLEET_DOCKER_CALL_TIMEOUT_MS: '1', FLEET_INFRA_RETRIES: '0' }, 'broken-engine');
     workers.push(broken);
     const first = await waitFor('both results', async () => {

@@ -12,8 +12,8 @@ import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { hashRuntimeInputs } from '../../src/runtime/build-archive.ts';
 import { stopRuntimeBuilder } from '../../src/runtime/build-off-thread.ts';
-import { lockKey } from '../../src/runtime/generation-lock.ts';
-import { forgetRuntimeCaches, lastUsedKey, prepareRuntime, type RuntimeDeps, type RuntimeGeneration } from '../../src/runtime/prepare-runtime.ts';
+import { runtimeLastUsedKey, runtimeLockKey } from '../../src/redis/redis-keys.ts';
+import { forgetRuntimeCaches, prepareRuntime, type RuntimeDeps, type RuntimeGeneration } from '../../src/runtime/prepare-runtime.ts';
 import { removeStaleGenerations } from '../../src/runtime/remove-stale-generations.ts';
 import { defaultRuntimeInputs, READY_MARKER, RUNTIME_MOUNT_PATH, type RuntimeInput } from '../../src/runtime/runtime-inputs.ts';
 import { runtimeVolumeLabels, runtimeVolumeName } from '../../src/runtime/runtime-volume.ts';
@@ -175,7 +175,7 @@ describe('runtime generations', () => {
       'bin/node': true,
       'bin/node.real': true,
     });
-    expect(await env.client.hget(lastUsedKey(prefix), cold.generationId)).toMatch(/^\d+$/);
+    expect(await env.client.hget(runtimeLastUsedKey(prefix), cold.generationId)).toMatch(/^\d+$/);
     // No installer or probe container is left behind.
     expect(await docker.listContainers({ all: true, filters: { label: [`${LABEL.prefix}=${prefix}`] } })).toEqual([]);
   });
@@ -299,7 +299,7 @@ describe('runtime generations', () => {
     const inputs = await fakeInputs('held');
     const { generationId } = await hashRuntimeInputs(inputs);
     const volumeName = await halfInstall(prefix, generationId);
-    const key = lockKey(prefix, await engineId(docker, call), generationId);
+    const key = runtimeLockKey(prefix, await engineId(docker, call), generationId);
     await env.client.set(key, 'another-process', 'PX', 60_000);
 
     const { log, lines } = capturingLog();
@@ -323,7 +323,7 @@ describe('runtime generations', () => {
     const gens = { recent: await prepareRuntime(deps, recent!), stale: await prepareRuntime(deps, stale!), mounted: await prepareRuntime(deps, mounted!) };
     const hourMs = 3_600_000;
     const now = Date.now() + 2 * hourMs; // two hours from now, everything prepared so far is idle
-    await env.client.hset(lastUsedKey(prefix), gens.recent.generationId, String(now - 60_000));
+    await env.client.hset(runtimeLastUsedKey(prefix), gens.recent.generationId, String(now - 60_000));
     const holder = await docker.createContainer({
       Image: DEFAULT_IMAGE,
       Cmd: ['true'],
@@ -333,7 +333,7 @@ describe('runtime generations', () => {
 
     const first = await removeStaleGenerations(deps, { maxIdleMs: hourMs, nowMs: now });
     expect(first).toEqual({ removed: [gens.stale.volumeName], kept: 2 });
-    expect(await env.client.hexists(lastUsedKey(prefix), gens.stale.generationId)).toBe(0);
+    expect(await env.client.hexists(runtimeLastUsedKey(prefix), gens.stale.generationId)).toBe(0);
 
     await holder.remove({ force: true });
     const second = await removeStaleGenerations(deps, { maxIdleMs: hourMs, nowMs: now });

@@ -1,0 +1,79 @@
+// Every Redis key (and the one pub/sub channel) the fleet itself names, built in one place so the
+// keyspace can be read at a glance. All of them start with the fleet prefix (FLEET_PREFIX), which
+// BullMQ also uses for its queues, so several fleets can share one Redis. The values are stored data:
+// changing a format here strands what Redis already holds, so a change needs a migration.
+// Imports nothing of the fleet: every layer, queue contracts and tests included, may use it.
+
+// --- runtime generations ---
+
+/** Hash: generation id -> when a sandbox last mounted it (ms since the epoch), for the stale-generation sweep. */
+export const runtimeLastUsedKey = (prefix: string) => `${prefix}:runtime:last-used`;
+
+/** Token lock: one per engine and generation, so hosts sharing a Redis install their own engines in parallel. */
+export const runtimeLockKey = (prefix: string, engineId: string, generationId: string) => `${prefix}:runtime:lock:${engineId}:${generationId}`;
+
+// --- tasks ---
+
+/** String: a packed task folder (tar bytes), named by its sha256. */
+export const taskArchiveKey = (prefix: string, digest: string) => `${prefix}:task-archive:${digest}`;
+
+// --- workers and the reaper ---
+
+/** String with a TTL: a worker's lease; pass `*` as the id for a SCAN pattern of every lease. */
+export const leaseKey = (prefix: string, workerId: string) => `${prefix}:lease:${workerId}`;
+
+/** String: when the reaper first saw this worker's lease missing (ms since the epoch). */
+export const leaseMissingKey = (prefix: string, workerId: string) => `${prefix}:lease-missing:${workerId}`;
+
+/** Counter: every sandbox the reaper removed (for /metrics). */
+export const reapedCountKey = (prefix: string) => `${prefix}:reaped-sandboxes`;
+
+// --- episodes ---
+
+/** String: the phase of the running attempt (`running`, `closing`). */
+export const episodePhaseKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:phase`;
+
+/** String: a cancel was requested. */
+export const episodeCancelKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:cancel`;
+
+/** Pub/sub channel: episode ids whose cancel was requested, for whichever worker runs them. */
+export const episodeCancelChannel = (prefix: string) => `${prefix}:episode-cancel`;
+
+/** Hash: failure kind -> failed attempts of that kind (each kind has its own retry budget). */
+export const episodeFailuresKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:failures`;
+
+/** Counter: attempts started, across retries, stalls, drains and requeues (numbers each attempt's evidence). */
+export const episodeStartsKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:starts`;
+
+// --- checkpoints ---
+
+/** Token lock: the critical section of one episode's checkpoint write. */
+export const checkpointLockKey = (prefix: string, episodeId: string) => `${prefix}:checkpoint-lock:${episodeId}`;
+
+/** What every staged checkpoint's key starts with (the writer refuses a job naming any other key). */
+export const checkpointStagedKeyPrefix = (prefix: string) => `${prefix}:checkpoint-staged:`;
+
+/** Hash: one checkpoint between sink and writer; `nonce` keeps two hand-offs of one job apart. */
+export const checkpointStagedKey = (prefix: string, jobId: string, nonce: string) => `${checkpointStagedKeyPrefix(prefix)}${jobId}:${nonce}`;
+
+// --- batches and results ---
+
+/** String: a batch's manifest (JSON). */
+export const batchManifestKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}`;
+
+/** Hash: episode id -> its result (JSON). */
+export const batchResultsKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:results`;
+
+/** String: the batch summary, stored once its last episode ended. */
+export const batchSummaryKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:summary`;
+
+/** Sorted set: every batch id, scored by its creation time, so the dashboard lists batches without a SCAN. */
+export const batchesKey = (prefix: string) => `${prefix}:batches`;
+
+// --- whole keyspace ---
+
+/** SCAN/KEYS pattern of every key of this fleet, BullMQ's included. */
+export const fleetKeyPattern = (prefix: string) => `${prefix}:*`;
+
+/** BullMQ's own key of a job (its hash), as `Queue.toKey(jobId)` builds it; for tools and tests that read Redis directly. */
+export const bullmqJobKey = (prefix: string, queueName: string, jobId: string) => `${prefix}:${queueName}:${jobId}`;
