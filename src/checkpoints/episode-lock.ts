@@ -1,11 +1,11 @@
 // Serializes the short critical section of a checkpoint write (compare and move latest.json, prune)
 // per episode. Several writer processes may share one data folder (every worker runs a writer, plus
 // `rollout-fleet checkpoint-writer`), and rename has no compare-and-swap, so without it two writers
-// could move latest.json backwards. In-process: a promise chain; across processes: a Redis lease
-// (SET NX PX) that expires by itself when its holder is killed.
-import { randomBytes } from 'node:crypto';
+// could move latest.json backwards. In-process: a promise chain; across processes: the fleet's Redis
+// token lock, not renewed (the section is short), so it expires by itself when its holder is killed.
 import type { Redis } from 'ioredis';
 import { checkpointLockKey } from '../redis/redis-keys.ts';
+import { waitForLock, type HeldLock } from '../redis/token-lock.ts';
 
 /** Gives up the lock; returns at once (a remote release goes out in the background). */
 export type ReleaseLock = () => void;
@@ -33,8 +33,6 @@ export function processEpisodeLock(): EpisodeLock {
   };
 }
 
-const RELEASE = `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0`;
-
 export interface RedisEpisodeLockOptions {
   /** The lease: a holder killed inside the critical section blocks others this long at most. @default 5000 */
   ttlMs?: number;
@@ -50,14 +48,9 @@ export function redisEpisodeLock(redis: Redis, prefix: string, opts: RedisEpisod
   return {
     async acquire(episodeId: string): Promise<ReleaseLock> {
       const releaseLocal = await local.acquire(episodeId);
-      const key = checkpointLockKey(prefix, episodeId);
-      const token = randomBytes(8).toString('hex');
-      const until = Date.now() + waitMs;
+      let lock: HeldLock;
       try {
-        while ((await redis.set(key, token, 'PX', ttlMs, 'NX')) !== 'OK') {
-          if (Date.now() > until) throw new Error(`checkpoint lock of ${episodeId} not acquired within ${waitMs} ms`);
-          await new Promise((r) => setTimeout(r, 5 + Math.random() * 20));
-        }
+        lock = await waitForLock(redis, checkpointLockKey(prefix, episodeId), { ttlMs, waitMs });
       } catch (err) {
         releaseLocal();
         throw err;
@@ -65,7 +58,7 @@ export function redisEpisodeLock(redis: Redis, prefix: string, opts: RedisEpisod
       return () => {
         // Sent before anything this process sends afterwards on the same connection, so a local
         // waiter's SET NX (next in line) always finds the key gone; if the release is lost, the lease expires.
-        redis.eval(RELEASE, 1, key, token).catch(() => undefined);
+        lock.release().catch(() => undefined);
         releaseLocal();
       };
     },

@@ -7,12 +7,12 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
 import { runtimeLastUsedKey, runtimeLockKey } from '../redis/redis-keys.ts';
+import { isLocked, tryLock } from '../redis/token-lock.ts';
 import { engineId, type Docker } from '../sandbox/docker-client.ts';
 import { inspectVolume } from '../sandbox/volumes.ts';
 import type { VolumeMount } from '../sandbox/sandbox-session.ts';
 import { DEFAULT_IMAGE } from '../tasks/task-spec.ts';
 import { hashRuntimeInputs } from './build-archive.ts';
-import { isLocked, tryLock } from './generation-lock.ts';
 import { checkRuntimeInputs, RUNTIME_MOUNT_PATH, type RuntimeInputs } from './runtime-inputs.ts';
 import type { HashedInputs } from './runtime-manifest.ts';
 import { discardVolume, installGeneration, runtimeVolumeName, volumeState, type VolumeDeps } from './runtime-volume.ts';
@@ -202,7 +202,11 @@ async function ensureInstalled(
       markReady(seen.info.createdAt);
       return { warm: true, bytesCopied: 0 };
     }
-    const lock = await tryLock(deps.redis, key, lockTtlMs, log);
+    const lock = await tryLock(deps.redis, key, {
+      ttlMs: lockTtlMs,
+      // Renewed through a long install; losing it stops the install's writes (runtime-volume.ts).
+      renew: { log, lostReason: (k) => new FleetError('runtime_unavailable', `lost the runtime install lock ${k}`) },
+    });
     if (lock) {
       try {
         // Check again under the lock: the previous holder may have finished in between.

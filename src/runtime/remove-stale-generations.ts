@@ -4,11 +4,11 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { runtimeLastUsedKey, runtimeLockKey } from '../redis/redis-keys.ts';
+import { tryLock } from '../redis/token-lock.ts';
 import { engineId, type Docker } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import { containersUsingVolume, listVolumes, removeVolume } from '../sandbox/volumes.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
-import { tryLock } from './generation-lock.ts';
 import { distrustVolume } from './prepare-runtime.ts';
 
 export interface StaleGenerationDeps {
@@ -53,7 +53,7 @@ export async function removeStaleGenerations(deps: StaleGenerationDeps, opts: Re
     const id = volume.labels[LABEL.runtimeGeneration]!;
     if (now - idleSince(id, volume.createdAt) < opts.maxIdleMs) continue;
     // The install lock keeps installers and repairers out while we decide and remove.
-    const lock = await tryLock(redis, runtimeLockKey(prefix, await engineId(docker, call), id), 30_000, log);
+    const lock = await tryLock(redis, runtimeLockKey(prefix, await engineId(docker, call), id), { ttlMs: 30_000, renew: { log } });
     if (!lock) continue;
     try {
       const fresh = Number((await redis.hget(runtimeLastUsedKey(prefix), id)) ?? 0);

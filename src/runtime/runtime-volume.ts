@@ -5,6 +5,7 @@ import type { Readable } from 'node:stream';
 import tar from 'tar-stream';
 import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
+import type { HeldLock } from '../redis/token-lock.ts';
 import { dockerCall, type Docker } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import {
@@ -19,7 +20,6 @@ import {
 } from '../sandbox/volumes.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
 import { runtimeArchive, uploadRuntimeArchive } from './build-archive.ts';
-import type { HeldLock } from './generation-lock.ts';
 import { READY_MARKER, RUNTIME_MOUNT_PATH, type RuntimeInputs } from './runtime-inputs.ts';
 import type { HashedInputs } from './runtime-manifest.ts';
 
