@@ -24,7 +24,7 @@ import { CHECKPOINTS_QUEUE, type CheckpointJob, type CheckpointResult } from '..
 import { CheckpointSink } from '../src/checkpoints/checkpoint-sink.ts';
 import type { CheckpointOffer } from '../src/checkpoints/checkpoint.ts';
 import { startPrivateRedis } from '../src/cli/private-redis.ts';
-import { writeFileAtomic } from '../src/results/atomic-write.ts';
+import { writeFileAtomic } from '../src/files/atomic-write.ts';
 import { startCheckpointWriter } from '../src/worker/checkpoint-writer.ts';
 
 const BIN = fileURLToPath(new URL('../src/cli/bin.js', import.meta.url));

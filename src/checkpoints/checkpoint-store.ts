@@ -8,11 +8,12 @@
 // before deleting it, so a reader never meets a half-deleted one.
 import { createHash, randomBytes } from 'node:crypto';
 import { createReadStream } from 'node:fs';
-import { mkdir, open, readFile, readdir, rename, rm, stat, type FileHandle } from 'node:fs/promises';
+import { mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { z } from 'zod';
+import { createDurable, fillAndSync, fsyncDir } from '../files/atomic-write.ts';
 import { CHECKPOINT_JSON, Checkpoint, SEQ_FOLDER, WORKSPACE_TAR, seqFolderName } from './checkpoint.ts';
 import { processEpisodeLock, type EpisodeLock, type ReleaseLock } from './episode-lock.ts';
 
@@ -58,29 +59,6 @@ export interface CheckpointWriteResult {
 }
 
 const isMissing = (err: unknown) => (err as NodeJS.ErrnoException).code === 'ENOENT';
-
-async function fsyncDir(dir: string): Promise<void> {
-  const dh = await open(dir, 'r');
-  try {
-    await dh.sync();
-  } finally {
-    await dh.close();
-  }
-}
-
-/** Write and fsync an open file, then close it. */
-async function fill(fh: FileHandle, data: string | Uint8Array): Promise<void> {
-  try {
-    await fh.writeFile(data);
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
-}
-
-async function writeDurable(file: string, data: string | Uint8Array): Promise<void> {
-  await fill(await open(file, 'wx'), data);
-}
 
 /** Settle every one, then throw the first failure: nothing is left running behind a clean-up. */
 async function allOrFirstError(work: Promise<unknown>[]): Promise<void> {
@@ -240,10 +218,10 @@ export class CheckpointStore {
       // The files' names exist now: fsync the folder while their contents are written and fsynced
       // (in parallel, so the fsyncs overlap), and while the would-be latest.json is prepared.
       await allOrFirstError([
-        fill(json, JSON.stringify(checkpoint)),
-        ...(tar && workspaceTar ? [fill(tar, workspaceTar)] : []),
+        fillAndSync(json, JSON.stringify(checkpoint)),
+        ...(tar && workspaceTar ? [fillAndSync(tar, workspaceTar)] : []),
         fsyncDir(tmp),
-        writeDurable(pointer.file, pointerJson(checkpoint.seq)),
+        createDurable(pointer.file, pointerJson(checkpoint.seq)),
       ]);
       try {
         await rename(tmp, final);
@@ -289,7 +267,7 @@ export class CheckpointStore {
       const newest = seqs.at(-1) ?? -1;
       if (newest > latest) {
         const file = prepared?.seq === newest ? prepared.file : path.join(dir, tempName('latest'));
-        if (file !== prepared?.file) await writeDurable(file, pointerJson(newest));
+        if (file !== prepared?.file) await createDurable(file, pointerJson(newest));
         used = file === prepared?.file;
         await rename(file, path.join(dir, LATEST_JSON)).catch(async (err: unknown) => {
           await rm(file, { force: true }).catch(() => undefined);

@@ -1,7 +1,7 @@
 // Evidence of one episode attempt, kept before anything is removed: the agent's and the verifier's
 // captured output and the container's final state, under FLEET_DATA_DIR/evidence/<episode>/attempt-<n>/.
 import path from 'node:path';
-import { writeFileAtomic } from '../results/atomic-write.ts';
+import { writeFileAtomic } from '../files/atomic-write.ts';
 import type { CapturedOutput } from '../sandbox/captured-output.ts';
 
 export class EvidenceStore {

@@ -5,8 +5,8 @@ import path from 'node:path';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { EpisodeResult } from '../../queues/episodes/contract.ts';
+import { writeFileAtomic } from '../files/atomic-write.ts';
 import { batchesKey, batchManifestKey, batchResultsKey, batchSummaryKey } from '../redis/redis-keys.ts';
-import { writeFileAtomic } from './atomic-write.ts';
 import { summarize, type BatchSummary } from './batch-summary.ts';
 
 export const BatchManifest = z.object({

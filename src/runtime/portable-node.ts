@@ -8,7 +8,7 @@ import { mkdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { FleetError } from '../errors/fleet-error.ts';
-import { exists, publishOnce } from './write-once.ts';
+import { exists, publishOnce } from '../files/atomic-write.ts';
 /** Where sandboxes see the runtime (read-only); the patched binary's interpreter and rpath point here. */
 export const RUNTIME_MOUNT_PATH = '/opt/rollout-fleet';
 

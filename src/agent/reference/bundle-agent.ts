@@ -6,7 +6,7 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { build } from 'esbuild';
-import { exists, publishOnce } from '../../runtime/write-once.ts';
+import { exists, publishOnce } from '../../files/atomic-write.ts';
 
 const ENTRY = fileURLToPath(new URL('./agent-main.ts', import.meta.url));
 /** Paths in the bundle's comments are relative to this, so the bytes do not depend on the cwd. */
