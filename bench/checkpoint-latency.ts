@@ -19,8 +19,8 @@ import { parseArgs } from 'node:util';
 import { Queue, type Job } from 'bullmq';
 import { Redis } from 'ioredis';
 import { pino } from 'pino';
-import tar from 'tar-stream';
 import { CHECKPOINTS_QUEUE, type CheckpointJob, type CheckpointResult } from '../queues/checkpoints/contract.ts';
+import { tarBuffer } from '../src/archive/tar-buffer.ts';
 import { CheckpointSink } from '../src/checkpoints/checkpoint-sink.ts';
 import type { CheckpointOffer } from '../src/checkpoints/checkpoint.ts';
 import { startPrivateRedis } from '../src/cli/private-redis.ts';
@@ -66,14 +66,11 @@ function offerOf(episodeId: string, seq: number): CheckpointOffer {
   return { episodeId, seq, turn: seq, messages, usage: { promptTokens: 1_000 * seq, completionTokens: 100 * seq, totalTokens: 1_100 * seq }, agentMs: 2_000 * seq, createdAt: new Date().toISOString() };
 }
 async function makeTar(): Promise<Buffer> {
-  const pack = tar.pack();
   const body = Buffer.alloc(workspaceBytes - 3 * 512 - 1024, 'a');
-  pack.entry({ name: 'workspace/', type: 'directory' });
-  pack.entry({ name: 'workspace/state.bin', size: body.length }, body);
-  pack.finalize();
-  const chunks: Buffer[] = [];
-  for await (const c of pack) chunks.push(c as Buffer);
-  return Buffer.concat(chunks);
+  return tarBuffer((pack) => {
+    pack.entry({ name: 'workspace/', type: 'directory' });
+    pack.entry({ name: 'workspace/state.bin', size: body.length }, body);
+  });
 }
 const chunked = (data: Buffer) => Readable.from(Array.from({ length: Math.ceil(data.length / 65_536) }, (_, i) => data.subarray(i * 65_536, (i + 1) * 65_536)), { objectMode: false });
 

@@ -1,7 +1,7 @@
 // The worker's side of the reference LLM agent: writes the agent's input into the sandbox, starts the
 // bundled agent with the runtime's node, follows its events on stdout, and turns its ending into an
 // agent run (finished, out of turns, out of window or budget: graded) or a failure with a kind.
-import tar from 'tar-stream';
+import { tarBuffer } from '../archive/tar-buffer.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { SANDBOX_USER } from '../sandbox/sandbox-session.ts';
 import type { LlmAgentSpec } from '../tasks/agent-spec.ts';
@@ -13,15 +13,12 @@ import { AGENT_INPUT_PATH, type AgentInput } from './reference/agent-input.ts';
 export const REFERENCE_AGENT_PATH = 'agent/reference-agent.mjs';
 
 async function inputTar(input: AgentInput): Promise<Buffer> {
-  const pack = tar.pack();
   const common = { uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid, mtime: new Date(0) };
   const dir = AGENT_INPUT_PATH.slice(1, AGENT_INPUT_PATH.lastIndexOf('/'));
-  pack.entry({ ...common, name: `${dir}/`, type: 'directory', mode: 0o700 });
-  pack.entry({ ...common, name: AGENT_INPUT_PATH.slice(1), mode: 0o600 }, JSON.stringify(input));
-  pack.finalize();
-  const chunks: Buffer[] = [];
-  for await (const c of pack) chunks.push(c as Buffer);
-  return Buffer.concat(chunks);
+  return tarBuffer((pack) => {
+    pack.entry({ ...common, name: `${dir}/`, type: 'directory', mode: 0o700 });
+    pack.entry({ ...common, name: AGENT_INPUT_PATH.slice(1), mode: 0o600 }, JSON.stringify(input));
+  });
 }
 
 export class LlmAgent implements Agent {

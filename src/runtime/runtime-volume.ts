@@ -2,8 +2,8 @@
 // ready (the marker written last is there), discarding a half-installed one, and installing: the
 // archive streamed from the builder thread into a never-started container's mount, then the marker.
 import type { Readable } from 'node:stream';
-import tar from 'tar-stream';
 import type { Logger } from 'pino';
+import { tarBuffer } from '../archive/tar-buffer.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import type { HeldLock } from '../redis/token-lock.ts';
 import { dockerCall, type Docker } from '../sandbox/docker-client.ts';
@@ -99,12 +99,9 @@ export async function discardVolume(deps: VolumeDeps, volumeName: string): Promi
 
 /** The ready marker as a one-entry tar: a few hundred bytes, so built here. */
 async function markerArchive(generationId: string): Promise<Buffer> {
-  const pack = tar.pack();
-  pack.entry({ name: READY_MARKER, mode: 0o644, mtime: new Date(0), uid: 0, gid: 0, uname: '', gname: '' }, `${generationId}\n`);
-  pack.finalize();
-  const chunks: Buffer[] = [];
-  for await (const chunk of pack as AsyncIterable<Buffer>) chunks.push(chunk);
-  return Buffer.concat(chunks);
+  return tarBuffer((pack) => {
+    pack.entry({ name: READY_MARKER, mode: 0o644, mtime: new Date(0), uid: 0, gid: 0, uname: '', gname: '' }, `${generationId}\n`);
+  });
 }
 
 export interface InstallRequest {

@@ -4,6 +4,7 @@ import { createHash } from 'node:crypto';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import tar from 'tar-stream';
+import { collectBytes, tarBuffer } from '../archive/tar-buffer.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 
 interface ArchiveEntry {
@@ -31,9 +32,7 @@ export class TaskArchive {
     const entries: ArchiveEntry[] = [];
     const extract = tar.extract();
     for await (const entry of Readable.from([archive]).pipe(extract)) {
-      const chunks: Buffer[] = [];
-      for await (const chunk of entry) chunks.push(chunk as Buffer);
-      entries.push({ header: entry.header, data: Buffer.concat(chunks) });
+      entries.push({ header: entry.header, data: await collectBytes(entry) });
     }
     return new TaskArchive(digest, entries);
   }
@@ -63,21 +62,18 @@ export class TaskArchive {
    */
   async partAsTar(part: string, dest: string, owner: Owner): Promise<Buffer> {
     const base = dest.replace(/^\/+/, '').replace(/\/+$/, '');
-    const pack = tar.pack();
     const common = { mtime: new Date(0), uid: owner.uid, gid: owner.gid, uname: '', gname: '' };
-    pack.entry({ ...common, name: `${base}/`, type: 'directory', mode: 0o755 });
-    for (const { header, data } of this.entries) {
-      if (!header.name.startsWith(`${part}/`)) continue;
-      const rel = header.name.slice(part.length + 1).replace(/\/$/, '');
-      if (rel === '') continue;
-      const name = path.posix.join(base, rel);
-      if (header.type === 'directory') pack.entry({ ...common, name: `${name}/`, type: 'directory', mode: header.mode ?? 0o755 });
-      else if (header.type === 'symlink') pack.entry({ ...common, name, type: 'symlink', linkname: header.linkname ?? '', mode: 0o777 });
-      else pack.entry({ ...common, name, type: 'file', mode: header.mode ?? 0o644 }, data);
-    }
-    pack.finalize();
-    const chunks: Buffer[] = [];
-    for await (const chunk of pack) chunks.push(chunk as Buffer);
-    return Buffer.concat(chunks);
+    return tarBuffer((pack) => {
+      pack.entry({ ...common, name: `${base}/`, type: 'directory', mode: 0o755 });
+      for (const { header, data } of this.entries) {
+        if (!header.name.startsWith(`${part}/`)) continue;
+        const rel = header.name.slice(part.length + 1).replace(/\/$/, '');
+        if (rel === '') continue;
+        const name = path.posix.join(base, rel);
+        if (header.type === 'directory') pack.entry({ ...common, name: `${name}/`, type: 'directory', mode: header.mode ?? 0o755 });
+        else if (header.type === 'symlink') pack.entry({ ...common, name, type: 'symlink', linkname: header.linkname ?? '', mode: 0o777 });
+        else pack.entry({ ...common, name, type: 'file', mode: header.mode ?? 0o644 }, data);
+      }
+    });
   }
 }

@@ -3,8 +3,8 @@
 import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { Redis } from 'ioredis';
-import tar from 'tar-stream';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
+import { tarBuffer } from '../../src/archive/tar-buffer.ts';
 import type { CheckpointOffer } from '../../src/checkpoints/checkpoint.ts';
 import { bullmqJobKey, checkpointStagedKeyPrefix } from '../../src/redis/redis-keys.ts';
 
@@ -18,14 +18,11 @@ export function offerOf(episodeId: string, seq: number, transcriptBytes = 2_000,
 
 /** A tar of `workspace/` with one file, about `bytes` long (what getArchive('/workspace') returns). */
 export async function workspaceTar(bytes: number, seed = 0): Promise<Buffer> {
-  const pack = tar.pack();
   const content = Buffer.alloc(Math.max(0, bytes - 3 * 512 - 1024), 97 + (seed % 26));
-  pack.entry({ name: 'workspace/', type: 'directory', mode: 0o755 });
-  pack.entry({ name: 'workspace/state.bin', size: content.length, mode: 0o644 }, content);
-  pack.finalize();
-  const chunks: Buffer[] = [];
-  for await (const chunk of pack) chunks.push(chunk as Buffer);
-  return Buffer.concat(chunks);
+  return tarBuffer((pack) => {
+    pack.entry({ name: 'workspace/', type: 'directory', mode: 0o755 });
+    pack.entry({ name: 'workspace/state.bin', size: content.length, mode: 0o644 }, content);
+  });
 }
 
 /** A stream of `data` in 64 KiB chunks, as a Docker archive stream arrives. */

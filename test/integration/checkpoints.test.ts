@@ -11,6 +11,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { Queue, type Worker } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CHECKPOINTS_QUEUE, checkpointJobId } from '../../queues/checkpoints/contract.ts';
+import { collectBytes } from '../../src/archive/tar-buffer.ts';
 import type { Checkpoint } from '../../src/checkpoints/checkpoint.ts';
 import { CheckpointSink } from '../../src/checkpoints/checkpoint-sink.ts';
 import { CheckpointStore } from '../../src/checkpoints/checkpoint-store.ts';
@@ -180,9 +181,7 @@ describe('checkpoint pipeline', () => {
 
     const stored0 = await waitFor('seq 0', async () => store.read('capped', 0), 20_000, 20);
     expect(stored0.checkpoint.workspace).toEqual({ captured: true, file: 'workspace.tar', bytes: small.length, sha256: sha256(small) });
-    const chunks: Buffer[] = [];
-    for await (const chunk of stored0.workspaceTar!.open()) chunks.push(chunk as Buffer);
-    expect(Buffer.concat(chunks).equals(small)).toBe(true);
+    expect((await collectBytes(stored0.workspaceTar!.open())).equals(small)).toBe(true);
 
     const latest = await waitFor('seq 1 as latest', async () => {
       const l = await store.latest('capped');

@@ -8,8 +8,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { Readable, Writable } from 'node:stream';
 import { pino } from 'pino';
-import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { tarBuffer } from '../../src/archive/tar-buffer.ts';
 import { hashRuntimeInputs } from '../../src/runtime/build-archive.ts';
 import { stopRuntimeBuilder } from '../../src/runtime/build-off-thread.ts';
 import { runtimeLastUsedKey, runtimeLockKey } from '../../src/redis/redis-keys.ts';
@@ -60,12 +60,9 @@ async function volumeHas(volumeName: string, names: string[]): Promise<Record<st
 }
 
 async function tarOf(files: Record<string, string>): Promise<Buffer> {
-  const pack = tar.pack();
-  for (const [name, content] of Object.entries(files)) pack.entry({ name, mode: 0o644 }, content);
-  pack.finalize();
-  const chunks: Buffer[] = [];
-  for await (const chunk of pack as AsyncIterable<Buffer>) chunks.push(chunk);
-  return Buffer.concat(chunks);
+  return tarBuffer((pack) => {
+    for (const [name, content] of Object.entries(files)) pack.entry({ name, mode: 0o644 }, content);
+  });
 }
 
 /** A volume as a worker killed mid-install leaves it: labelled, partly filled, no ready marker. */

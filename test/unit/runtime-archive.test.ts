@@ -7,6 +7,7 @@ import path from 'node:path';
 import { Readable } from 'node:stream';
 import tar from 'tar-stream';
 import { afterAll, describe, expect, it } from 'vitest';
+import { collectBytes } from '../../src/archive/tar-buffer.ts';
 import { FleetError } from '../../src/errors/fleet-error.ts';
 import { hashRuntimeInputs, runtimeArchive } from '../../src/runtime/build-archive.ts';
 import { stopRuntimeBuilder } from '../../src/runtime/build-off-thread.ts';
@@ -33,9 +34,7 @@ async function fakeRuntime(): Promise<{ dir: string; inputs: RuntimeInput[] }> {
 async function build(inputs: RuntimeInput[], onMainThread = false) {
   const hashed = await hashRuntimeInputs(inputs, { onMainThread });
   const archive = runtimeArchive(inputs, hashed, { onMainThread, digest: true });
-  const chunks: Buffer[] = [];
-  for await (const chunk of archive.stream) chunks.push(chunk as Buffer);
-  return { hashed, bytes: Buffer.concat(chunks), summary: await archive.summary };
+  return { hashed, bytes: await collectBytes(archive.stream), summary: await archive.summary };
 }
 
 async function headers(archive: Buffer): Promise<tar.Header[]> {

@@ -3,20 +3,18 @@ import { lstat, mkdtemp, readFile, readdir } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
-import tar from 'tar-stream';
 import { describe, expect, it } from 'vitest';
+import { tarBuffer } from '../../src/archive/tar-buffer.ts';
 import { extractSafely } from '../../src/evidence/safe-extract.ts';
 
 async function archive(entries: { name: string; type?: 'file' | 'symlink' | 'link' | 'directory'; linkname?: string; body?: string | Buffer }[]): Promise<Readable> {
-  const pack = tar.pack();
-  for (const e of entries) {
-    if (e.type === undefined || e.type === 'file') pack.entry({ name: e.name, type: 'file' }, e.body ?? '');
-    else pack.entry({ name: e.name, type: e.type, linkname: e.linkname });
-  }
-  pack.finalize();
-  const chunks: Buffer[] = [];
-  for await (const c of pack) chunks.push(c as Buffer);
-  return Readable.from([Buffer.concat(chunks)]);
+  const bytes = await tarBuffer((pack) => {
+    for (const e of entries) {
+      if (e.type === undefined || e.type === 'file') pack.entry({ name: e.name, type: 'file' }, e.body ?? '');
+      else pack.entry({ name: e.name, type: e.type, linkname: e.linkname });
+    }
+  });
+  return Readable.from([bytes]);
 }
 
 async function tree(dir: string): Promise<string[]> {
