@@ -4,13 +4,13 @@
 // transcripts and workspace tars never sit in job data, completed jobs included.
 import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
-import { EpisodeIdForCheckpoint } from '../../src/checkpoints/checkpoint.ts';
+import { EpisodeId } from '../../src/episode/episode-id.ts';
 
 export const CHECKPOINTS_QUEUE = 'checkpoints';
 export const CHECKPOINT_JOB = 'checkpoint';
 
 export const CheckpointJob = z.strictObject({
-  episodeId: EpisodeIdForCheckpoint,
+  episodeId: EpisodeId,
   /** Increases with every checkpoint of the episode; the same seq written twice is one checkpoint. */
   seq: z.number().int().min(0),
   /** Redis key of the staged checkpoint; the writer deletes it once the checkpoint is on disk. */

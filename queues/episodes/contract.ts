@@ -3,7 +3,7 @@
 import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import { EpisodeId } from '../../src/episode/episode-id.ts';
-import { FailureKind } from '../../src/errors/failure-kind.ts';
+import { FailureKind, MAX_RETRIES_PER_KIND } from '../../src/errors/failure-kind.ts';
 import { AgentSpec } from '../../src/tasks/agent-spec.ts';
 import { TaskSpec } from '../../src/tasks/task-spec.ts';
 
@@ -69,13 +69,6 @@ export const EpisodeResult = z.object({
   endedAt: z.string(),
 });
 export type EpisodeResult = z.infer<typeof EpisodeResult>;
-
-/**
- * Further attempts per failure kind (the worker's defaults; FLEET_INFRA_RETRIES and FLEET_MODEL_RETRIES
- * override). Agent, verifier and invalid-input failures are final results, never retried.
- */
-export const DEFAULT_RETRY_BUDGETS = { infra: 2, model: 2 } as const;
-export const MAX_RETRIES_PER_KIND = 20;
 
 /** Backoff of retried episodes: 2 s, 4 s, 8 s ... at most a minute. */
 export function episodeBackoffMs(attemptsMade: number): number {

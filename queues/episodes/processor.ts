@@ -33,11 +33,6 @@ export class RetryableEpisodeError extends Error {
 
 const KEEP_SEC = 7 * 24 * 3600;
 
-/** Forget an episode's retry counts (it is requeued, e.g. retried by kind: fresh budgets). */
-export async function resetRetryCounts(redis: EpisodeDeps['redis'], prefix: string, episodeId: string): Promise<void> {
-  await redis.del(failuresKey(prefix, episodeId));
-}
-
 export function episodeProcessor(deps: EpisodeProcessorDeps) {
   return async (job: Job, token?: string, signal?: AbortSignal): Promise<EpisodeResult> => {
     const parsed = EpisodeJob.safeParse(job.data);

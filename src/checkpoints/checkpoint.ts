@@ -3,8 +3,6 @@
 import { z } from 'zod';
 import { EpisodeId } from '../episode/episode-id.ts';
 
-export const EpisodeIdForCheckpoint = EpisodeId;
-
 export const CheckpointUsage = z.object({ promptTokens: z.number(), completionTokens: z.number(), totalTokens: z.number() });
 export type CheckpointUsage = z.infer<typeof CheckpointUsage>;
 
@@ -27,7 +25,7 @@ export type CheckpointWorkspace = z.infer<typeof CheckpointWorkspace>;
 
 /** What the episode runner offers: the agent's `checkpoint` event plus the episode it belongs to. */
 export const CheckpointOffer = z.object({
-  episodeId: EpisodeIdForCheckpoint,
+  episodeId: EpisodeId,
   /** Increases with every checkpoint of the episode (the agent uses its turn); the same seq is the same checkpoint. */
   seq: z.number().int().min(0),
   turn: z.number().int().min(0),

@@ -3,7 +3,7 @@
 import os from 'node:os';
 import path from 'node:path';
 import { z } from 'zod';
-import { DEFAULT_RETRY_BUDGETS, MAX_RETRIES_PER_KIND } from '../../queues/episodes/contract.ts';
+import { DEFAULT_RETRY_BUDGETS, MAX_RETRIES_PER_KIND } from '../errors/failure-kind.ts';
 import { describeIssues } from './zod-issues.ts';
 
 const positiveInt = z.coerce.number().int().positive();

@@ -2,9 +2,9 @@
 // engine outage), keeping every other result as it is.
 import type { Queue } from 'bullmq';
 import { episodeJobOptions, type EpisodeJob } from '../../queues/episodes/contract.ts';
-import { resetRetryCounts } from '../../queues/episodes/processor.ts';
 import type { FailureKind } from '../errors/failure-kind.ts';
 import type { EpisodeControl } from '../episode/episode-control.ts';
+import { resetRetryCounts } from '../episode/retry-counts.ts';
 import type { ResultsStore } from '../results/results-store.ts';
 import type { Redis } from 'ioredis';
 
