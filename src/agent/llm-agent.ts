@@ -5,7 +5,7 @@ import { tarBuffer } from '../archive/tar-buffer.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { SANDBOX_USER } from '../sandbox/sandbox-session.ts';
 import type { LlmAgentSpec } from '../tasks/agent-spec.ts';
-import type { Agent, AgentContext, AgentRun } from './agent.ts';
+import type { Agent, AgentContext, AgentRun } from './agent-context.ts';
 import { AgentEventParser, type AgentEvent } from './reference/agent-events.ts';
 import { AGENT_INPUT_PATH, type AgentInput } from './reference/agent-input.ts';
 

@@ -2,7 +2,7 @@
 // Terminal-Bench do to validate tasks: a task whose oracle does not pass is broken.
 import { FleetError } from '../errors/fleet-error.ts';
 import { SANDBOX_USER } from '../sandbox/sandbox-session.ts';
-import type { Agent, AgentContext, AgentRun } from './agent.ts';
+import type { Agent, AgentContext, AgentRun } from './agent-context.ts';
 import { CommandAgent } from './command-agent.ts';
 
 export const SOLUTION_DIR = '/solution';
