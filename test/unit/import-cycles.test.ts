@@ -1,0 +1,62 @@
+// The shape of the code, checked on every run: no file of src/ or queues/ reaches itself through its
+// imports (type-only and dynamic imports included), queue contracts stand on leaves only, and the
+// layers below the composition root do not reach up into queue processors or contracts they must not
+// know. A new cycle or a wrong-way import fails here, naming the files.
+import { describe, expect, it } from 'vitest';
+import { findCycles, importGraph } from '../helpers/import-graph.ts';
+
+const graph = importGraph(['src', 'queues']);
+const files = [...graph.keys()];
+const importsOf = (file: string) => graph.get(file) ?? [];
+
+/** A leaf imports nothing of the repository (packages and node: only), so anything may import it. */
+const isLeaf = (file: string) => importsOf(file).length === 0;
+
+/**
+ * Who may import a queue processor: the composition root (src/cli/). The two worker files are being
+ * moved there; until they are, they are the only other ones.
+ */
+const mayImportProcessors = (file: string) =>
+  file.startsWith('src/cli/') || file === 'src/worker/start-worker.ts' || file === 'src/worker/checkpoint-writer.ts';
+
+describe('imports', () => {
+  it('are all found and resolved (the checks below would be blind otherwise)', () => {
+    expect(files.length).toBeGreaterThan(50);
+    expect(files.filter((f) => f.startsWith('queues/') && f.endsWith('/contract.ts')).length).toBeGreaterThanOrEqual(4);
+    const unresolved = files.flatMap((f) => importsOf(f).filter((t) => !graph.has(t)).map((t) => `${f} -> ${t}`));
+    expect(unresolved).toEqual([]);
+  });
+
+  it('form no cycle between files of src/ and queues/', () => {
+    expect(findCycles(graph).map((c) => c.join(' -> '))).toEqual([]);
+  });
+
+  it('of a queue contract reach into src/ only for leaves', () => {
+    const wrong = files
+      .filter((f) => /^queues\/[^/]+\/contract\.ts$/.test(f))
+      .flatMap((contract) => importsOf(contract).filter((t) => !(t.startsWith('src/') && isLeaf(t))).map((t) => `${contract} -> ${t} (imports ${importsOf(t).join(', ') || 'nothing of src/ but is not in src/'})`));
+    expect(wrong).toEqual([]);
+  });
+
+  it('of config never reach into queues/', () => {
+    const wrong = files.filter((f) => f.startsWith('src/config/')).flatMap((f) => importsOf(f).filter((t) => t.startsWith('queues/')).map((t) => `${f} -> ${t}`));
+    expect(wrong).toEqual([]);
+  });
+
+  it('of a queue processor come only from the composition root', () => {
+    const wrong = files
+      .filter((f) => f.startsWith('src/') && !mayImportProcessors(f))
+      .flatMap((f) => importsOf(f).filter((t) => /^queues\/[^/]+\/processor\.ts$/.test(t)).map((t) => `${f} -> ${t}`));
+    expect(wrong).toEqual([]);
+  });
+});
+
+describe('findCycles', () => {
+  it('finds a cycle however the search enters it, and none in a graph without one', () => {
+    const cyclic = new Map([['a', ['b']], ['b', ['c']], ['c', ['a', 'd']], ['d', []]]);
+    expect(findCycles(cyclic)).toEqual([['a', 'b', 'c', 'a']]);
+    const entered = new Map([['x', ['c']], ['c', ['a']], ['a', ['b']], ['b', ['c']]]);
+    expect(findCycles(entered)).toEqual([['a', 'b', 'c', 'a']]);
+    expect(findCycles(new Map([['a', ['b', 'c']], ['b', ['c']], ['c', []]]))).toEqual([]);
+  });
+});
