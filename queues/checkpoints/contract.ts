@@ -4,7 +4,7 @@
 // transcripts and workspace tars never sit in job data, completed jobs included.
 import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
-import { EpisodeId } from '../../src/episode/episode-id.ts';
+import { EpisodeId } from '../../src/ids/episode-id.ts';
 
 export const CHECKPOINTS_QUEUE = 'checkpoints';
 export const CHECKPOINT_JOB = 'checkpoint';

@@ -2,7 +2,7 @@
 // adds nothing). Payload and result schemas, and the default job options.
 import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
-import { EpisodeId } from '../../src/episode/episode-id.ts';
+import { EpisodeId } from '../../src/ids/episode-id.ts';
 import { FailureKind, MAX_RETRIES_PER_KIND } from '../../src/errors/failure-kind.ts';
 import { AgentSpec } from '../../src/tasks/agent-spec.ts';
 import { TaskSpec } from '../../src/tasks/task-spec.ts';

@@ -1,7 +1,7 @@
 // What one checkpoint holds: the agent's state after a turn (transcript, counters) and what became of
 // the task workdir's snapshot. The same shape travels through Redis and lands as checkpoint.json.
 import { z } from 'zod';
-import { EpisodeId } from '../episode/episode-id.ts';
+import { EpisodeId } from '../ids/episode-id.ts';
 
 export const CheckpointUsage = z.object({ promptTokens: z.number(), completionTokens: z.number(), totalTokens: z.number() });
 export type CheckpointUsage = z.infer<typeof CheckpointUsage>;

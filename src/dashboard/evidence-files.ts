@@ -5,7 +5,7 @@
 import { constants } from 'node:fs';
 import { open, readdir } from 'node:fs/promises';
 import path from 'node:path';
-import { EPISODE_ID_PATTERN } from '../episode/episode-id.ts';
+import { EPISODE_ID_PATTERN } from '../ids/episode-id.ts';
 
 const ATTEMPT_DIR = /^attempt-(\d{1,6})$/;
 

@@ -2,7 +2,7 @@
 // lost outside the processor): built from whatever of the payload can be trusted.
 import type { Job } from 'bullmq';
 import { EpisodeJob, type EpisodeResult } from '../../queues/episodes/contract.ts';
-import { EPISODE_ID_PATTERN } from './episode-id.ts';
+import { EPISODE_ID_PATTERN } from '../ids/episode-id.ts';
 
 const idOf = (value: unknown, fallback: string) => (typeof value === 'string' && EPISODE_ID_PATTERN.test(value) ? value : fallback);
 

@@ -89,8 +89,14 @@ export function findCycles(graph: ReadonlyMap<string, readonly string[]>): strin
   return [...cycles.values()];
 }
 
-/** The folder of a file at `depth` segments (`src/cli/main.ts` at 2 -> `src/cli`). */
-export const folderOf = (file: string, depth = 2): string => file.split('/').slice(0, depth).join('/');
+/**
+ * The folder of a file (`src/cli/main.ts` -> `src/cli`). A queue's contract and processor count as two
+ * (`queues/episodes/contract`): domain code is meant to use contracts and be used by processors.
+ */
+export const folderOf = (file: string): string => {
+  const parts = file.split('/');
+  return parts[0] === 'queues' ? `queues/${parts[1]}/${path.posix.basename(file).replace(/\.[jt]s$/, '')}` : parts.slice(0, 2).join('/');
+};
 
 /** The graph collapsed to folders; an import within one folder is no edge. */
 export function folderGraph(graph: ImportGraph): Map<string, string[]> {
