@@ -7,7 +7,11 @@ import { episodeCancelChannel, episodeCancelKey, episodePhaseKey } from '../redi
 /** Control keys outlive any episode: the longest deadline a task may have (7 days) and a day more. */
 const TTL_SEC = 8 * 24 * 3600;
 
-/** Atomically: refuse when closing; otherwise flag the cancel and tell the running worker. */
+/**
+ * Atomically: refuse when closing; otherwise flag the cancel and tell the running worker.
+ * KEYS[1] phase key; KEYS[2] cancel key; ARGV[1] cancel channel; ARGV[2] episode id; ARGV[3] TTL in s.
+ * Returns 'closing' (nothing touched), 'running' (flagged and published) or 'not-running' (flagged only).
+ */
 const REQUEST_CANCEL = `
 local phase = redis.call('GET', KEYS[1])
 if phase == 'closing' then return 'closing' end
@@ -18,13 +22,21 @@ if phase then
 end
 return 'not-running'`;
 
-/** Atomically: a flagged cancel wins; otherwise the episode is closing from now on. */
+/**
+ * Atomically: a flagged cancel wins; otherwise the episode is closing from now on.
+ * KEYS[1] phase key; KEYS[2] cancel key; ARGV[1] TTL in s.
+ * Returns 'cancelled' (nothing touched) or 'closing' (phase set).
+ */
 const BEGIN_CLOSE = `
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'cancelled' end
 redis.call('SET', KEYS[1], 'closing', 'EX', ARGV[1])
 return 'closing'`;
 
-/** Atomically: mark running, unless a cancel was flagged before the episode started. */
+/**
+ * Atomically: mark running, unless a cancel was flagged before the episode started.
+ * KEYS[1] phase key; KEYS[2] cancel key; ARGV[1] TTL in s.
+ * Returns 'cancelled' (nothing touched) or 'running' (phase set).
+ */
 const MARK_RUNNING = `
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'cancelled' end
 redis.call('SET', KEYS[1], 'running', 'EX', ARGV[1])
