@@ -8,7 +8,8 @@ import { describeIssues } from '../../src/config/zod-issues.ts';
 import type { FailureKind, FleetError } from '../../src/errors/fleet-error.ts';
 import { resultWithoutRun } from '../../src/episode/episode-result.ts';
 import type { RunningEpisodes } from '../../src/episode/running-episodes.ts';
-import { runEpisode, type EpisodeDeps } from '../../src/episode/run-episode.ts';
+import type { EpisodeDeps } from '../../src/episode/episode-attempt.ts';
+import { runEpisode } from '../../src/episode/run-episode.ts';
 import type { ResultsStore } from '../../src/results/results-store.ts';
 import { EpisodeJob, type EpisodeResult } from './contract.ts';
 

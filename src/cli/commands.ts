@@ -2,7 +2,7 @@
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import type { FleetConfig } from '../config/config.ts';
-import type { ModelSettings } from '../episode/run-episode.ts';
+import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { enqueueBatch } from '../producer/enqueue-batch.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { formatSummary } from '../results/batch-summary.ts';

@@ -17,7 +17,7 @@ import { REFERENCE_AGENT_PATH } from '../agent/llm-agent.ts';
 import { bundleReferenceAgent } from '../agent/reference/bundle-agent.ts';
 import { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
 import { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
-import type { ModelSettings } from '../episode/run-episode.ts';
+import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { prepareRuntime } from '../runtime/prepare-runtime.ts';
 import { defaultRuntimeInputs, type RuntimeInputs } from '../runtime/runtime-inputs.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
