@@ -48,6 +48,8 @@ export async function untilAborted<T>(work: Promise<T>, signal: AbortSignal | un
  */
 export class Deadline {
   private readonly ctrl = new AbortController();
+  /** Aborts only when the time is up (not on the parent's abort). */
+  private readonly due = new AbortController();
   private readonly timer: NodeJS.Timeout;
   private step = 'working';
   /** performance.now() at which the time is up. */
@@ -59,7 +61,11 @@ export class Deadline {
     private readonly parent?: AbortSignal,
   ) {
     this.endsAt = performance.now() + budgetMs;
-    this.timer = setTimeout(() => this.ctrl.abort(new PhaseTimeout(phase, budgetMs, this.step)), Math.max(0, budgetMs));
+    this.timer = setTimeout(() => {
+      const reason = new PhaseTimeout(phase, budgetMs, this.step);
+      this.due.abort(reason);
+      this.ctrl.abort(reason);
+    }, Math.max(0, budgetMs));
     this.timer.unref();
     if (parent?.aborted) this.ctrl.abort(parent.reason);
     else parent?.addEventListener('abort', this.onParent, { once: true });
@@ -83,6 +89,16 @@ export class Deadline {
     this.step = what;
     this.signal.throwIfAborted();
     return untilAborted(work(this.signal), this.signal, onLate);
+  }
+
+  /**
+   * Like run, for work that stops itself when its signal aborts and returns what it has (an exec,
+   * an agent): a cancellation lets it finish stopping, only the time limit cuts it short.
+   */
+  runStoppable<T>(what: string, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+    this.step = what;
+    this.signal.throwIfAborted();
+    return untilAborted(work(this.signal), this.due.signal);
   }
 
   /**

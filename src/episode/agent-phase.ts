@@ -42,7 +42,7 @@ export async function runAgent(
     void handOver.finally(() => state.snapshots.delete(handOver));
   };
   try {
-    return await deadline.run('running the agent', (signal) => createAgent(job.agent).run({
+    return await deadline.runStoppable('running the agent', (signal) => createAgent(job.agent).run({
       session, task, archive: state.archive!, ceilingMs, outputCapBytes: deps.outputCapBytes, signal,
       runtimeMountPath: state.runtime!.mountPath,
       ...(state.proxy && { modelSocket: state.proxy.socketPath }),

@@ -27,7 +27,7 @@ export async function verify(
     await deadline.run('closing the model proxy', async () => state.proxy?.close());
     const tests = await state.archive!.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
     await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal));
-    const verifyRun = await deadline.run('running the verifier', (signal) =>
+    const verifyRun = await deadline.runStoppable('running the verifier', (signal) =>
       session.exec(task.verify.command, { timeoutMs: task.verify.timeoutSec * 1000, capBytes: deps.outputCapBytes, signal }));
     state.verifyRun = verifyRun;
     // Stopped from outside (cancel, drain) or by the reserve: not graded.
