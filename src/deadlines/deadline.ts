@@ -85,20 +85,20 @@ export class Deadline {
    * `work` (a step named `what`, for the timeout's message), settled by the deadline at the latest.
    * A value that arrives after the deadline goes to `onLate`, so what the step opened is closed.
    */
-  run<T>(what: string, work: (signal: AbortSignal) => Promise<T>, onLate?: (value: T) => void): Promise<T> {
+  async run<T>(what: string, work: (signal: AbortSignal) => Promise<T>, onLate?: (value: T) => void): Promise<T> {
     this.step = what;
     this.signal.throwIfAborted();
-    return untilAborted(work(this.signal), this.signal, onLate);
+    return await untilAborted(work(this.signal), this.signal, onLate);
   }
 
   /**
    * Like run, for work that stops itself when its signal aborts and returns what it has (an exec,
    * an agent): a cancellation lets it finish stopping, only the time limit cuts it short.
    */
-  runStoppable<T>(what: string, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  async runStoppable<T>(what: string, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
     this.step = what;
     this.signal.throwIfAborted();
-    return untilAborted(work(this.signal), this.due.signal);
+    return await untilAborted(work(this.signal), this.due.signal);
   }
 
   /**
