@@ -14,6 +14,7 @@ import { describeIssues } from '../config/zod-issues.ts';
 import { captureWorkspace } from './capture-workspace.ts';
 import { CheckpointOffer, type Checkpoint } from './checkpoint.ts';
 import { newStagedKey, stageCheckpoint } from './checkpoint-staging.ts';
+import { untilAborted } from '../deadlines/deadline.ts';
 
 export interface CheckpointSinkOptions {
   /** The fleet's Redis (workers: `maxRetriesPerRequest: null`); shared, the caller closes it after the sink. */
@@ -67,22 +68,6 @@ function checkedPositive(name: string, value: number | undefined, fallback: numb
   if (value === undefined) return fallback;
   if (!Number.isInteger(value) || value < 1) throw new TypeError(`Expected \`${name}\` to be an integer from 1 up, got \`${value}\` (${typeof value})`);
   return value;
-}
-
-/** Await `work`, or reject with the signal's reason when it aborts first (`work` goes on). */
-async function unlessAborted<T>(work: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
-  if (signal === undefined) return work;
-  signal.throwIfAborted();
-  let onAbort: (() => void) | undefined;
-  const aborted = new Promise<never>((_, reject) => {
-    onAbort = () => reject(signal.reason);
-    signal.addEventListener('abort', onAbort, { once: true });
-  });
-  try {
-    return await Promise.race([work, aborted]);
-  } finally {
-    signal.removeEventListener('abort', onAbort!);
-  }
 }
 
 export class CheckpointSink {
@@ -153,7 +138,7 @@ export class CheckpointSink {
   async flush(episodeId: string, signal?: AbortSignal): Promise<number | undefined> {
     const lane = this.lanes.get(episodeId);
     if (lane === undefined) return undefined;
-    while (lane.running !== undefined) await unlessAborted(lane.running, signal);
+    while (lane.running !== undefined) await untilAborted(lane.running, signal);
     if (this.lanes.get(episodeId) === lane) this.lanes.delete(episodeId);
     return lane.lastSeq;
   }
