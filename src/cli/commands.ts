@@ -9,7 +9,7 @@ import { formatSummary } from '../results/batch-summary.ts';
 import { resultsCsv } from '../results/results-csv.ts';
 import { progressView, waitForBatch } from './progress.ts';
 import { loadBatch } from '../tasks/load-task.ts';
-import { startWorker } from '../worker/start-worker.ts';
+import { startWorker } from './worker-process.ts';
 import { UsageError, connectProducer, episodesQueue, flowProducer, imageChecker, requireRedisUrl, type Cli } from './context.ts';
 
 const positive = (name: string, value: string | undefined): number | undefined => {

@@ -8,7 +8,7 @@ import { episodeJobOptions } from '../../queues/episodes/contract.ts';
 import { planBatch } from '../../src/producer/enqueue-batch.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
 import { putTaskArchive } from '../../src/tasks/task-store.ts';
-import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import type { WorkerHandle } from '../../src/cli/worker-process.ts';
 import { EXAMPLES, runCli, startFleetEnv, waitFor, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
 
 /** A temp folder with copies of example tasks and a batch file naming them. */
