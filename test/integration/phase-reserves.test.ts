@@ -15,8 +15,8 @@ import {
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 import { startStallingDocker, type StallingDocker } from '../helpers/stalling-docker.ts';
 
-/** Longer than any reserve below (and than set-up plus close), shorter than the lease TTL (15 s). */
-const PAUSE_MS = 12_000;
+/** Far longer than any reserve below (and than set-up plus close); the workers' lease and lock outlast it. */
+const PAUSE_MS = 20_000;
 /** Per Docker call: larger than every reserve, so only a reserve can end a hung call in time. */
 const CALL_TIMEOUT_MS = 60_000;
 const SLACK_MS = 1_000;
@@ -101,7 +101,7 @@ describe('phase reserves (issue 9)', () => {
   const start = async (workerId: string, overrides: Partial<WorkerOptions> = {}) => {
     worker = await startEnvWorker(env, workerId, {
       docker: docker.docker, concurrency: 1, callTimeoutMs: CALL_TIMEOUT_MS, reaperIntervalMs: 1_000,
-      drainTimeoutMs: 5_000, retryBudgets: { infra: 2, model: 0 }, ...overrides,
+      drainTimeoutMs: 5_000, retryBudgets: { infra: 2, model: 0 }, leaseTtlMs: 60_000, lockDurationMs: 60_000, ...overrides,
     });
     return worker;
   };
@@ -125,7 +125,6 @@ describe('phase reserves (issue 9)', () => {
     for (const c of cleanups.splice(0).reverse()) await c();
     await worker?.close();
     worker = undefined;
-    // Nothing a test started is left on the engine (the reaper or the cleanup queue removed it).
   });
 
   afterAll(async () => {
