@@ -25,7 +25,7 @@ import { CheckpointSink } from '../src/checkpoints/checkpoint-sink.ts';
 import type { CheckpointOffer } from '../src/checkpoints/checkpoint.ts';
 import { startPrivateRedis } from '../src/cli/private-redis.ts';
 import { writeFileAtomic } from '../src/files/atomic-write.ts';
-import { startCheckpointWriter } from '../src/worker/checkpoint-writer.ts';
+import { startCheckpointWriter } from '../src/cli/checkpoint-writer.ts';
 
 const BIN = fileURLToPath(new URL('../src/cli/bin.js', import.meta.url));
 const { values } = parseArgs({
@@ -176,7 +176,7 @@ async function startPipeline(label: string, prefix: string, writerKind: 'process
 }
 /** One segment: `n` offers on the schedule through a fresh sink, then until the writer is idle. */
 async function pipelineSegment(p: Pipeline, n: number, firstSeq: number): Promise<void> {
-  const sink = new CheckpointSink({ connection: client, prefix: p.prefix, log: silent });
+  const sink = new CheckpointSink({ connection: client, queue: p.queue, prefix: p.prefix, log: silent });
   p.loop.enable();
   await paced(n, (i) => {
     const cp = offerOf(episodeIds[i % episodes]!, firstSeq + Math.floor(i / episodes));
@@ -217,7 +217,7 @@ async function figures(p: Pipeline): Promise<PipelineFigures> {
 async function writerThroughput(prefix: string): Promise<number> {
   const dataDir = path.join(root, prefix);
   const queue = new Queue(CHECKPOINTS_QUEUE, { connection: client, prefix });
-  const sink = new CheckpointSink({ connection: client, prefix, log: silent });
+  const sink = new CheckpointSink({ connection: client, queue, prefix, log: silent });
   for (let i = 0; i < backlog; i++) sink.offer(offerOf(`backlog-${i}`, 0), chunked(workspace));
   await sink.close();
   const child = await spawnWriter(prefix, dataDir);

@@ -9,7 +9,8 @@ import type { FailureKind } from '../../src/errors/failure-kind.ts';
 import type { FleetError } from '../../src/errors/fleet-error.ts';
 import { resultWithoutRun } from '../../src/episode/episode-result.ts';
 import type { RunningEpisodes } from '../../src/episode/running-episodes.ts';
-import { runEpisode, type EpisodeDeps } from '../../src/episode/run-episode.ts';
+import type { EpisodeDeps } from '../../src/episode/episode-attempt.ts';
+import { runEpisode } from '../../src/episode/run-episode.ts';
 import { episodeFailuresKey as failuresKey, episodeStartsKey as startsKey } from '../../src/redis/redis-keys.ts';
 import type { ResultsStore } from '../../src/results/results-store.ts';
 import { EpisodeJob, type EpisodeResult } from './contract.ts';
@@ -33,34 +34,58 @@ export class RetryableEpisodeError extends Error {
 
 const KEEP_SEC = 7 * 24 * 3600;
 
+/**
+ * The one place an episode's final result is recorded: stored once (a second result is refused), its
+ * retry counts, control keys and checkpoints forgotten. The processor and the failed listener call it.
+ */
+async function recordFinal(deps: EpisodeProcessorDeps, result: EpisodeResult): Promise<EpisodeResult> {
+  const { episodeId } = result;
+  if (!(await deps.results.record(result))) deps.log.warn({ episodeId }, 'episode already had a result; this one is not recorded');
+  await deps.redis.del(failuresKey(deps.prefix, episodeId));
+  await deps.control.end(episodeId);
+  // The episode is over: its checkpoints served their purpose (a requeue by kind starts afresh).
+  await rm(deps.checkpoints.store.folder(episodeId), { recursive: true, force: true }).catch(() => undefined);
+  return result;
+}
+
+/**
+ * The `failed` listener of the episodes Worker. The processor records every outcome it sees; this
+ * records what it never saw (a job that stalled too often, a crash outside the processor) once BullMQ
+ * gives up on the job, so the episode still ends with a result.
+ */
+export function episodeFailedListener(deps: EpisodeProcessorDeps) {
+  return (job: Job | undefined, err: Error): void => {
+    if (job === undefined) return;
+    const final = job.attemptsMade >= (job.opts.attempts ?? 1) || err.name === 'UnrecoverableError';
+    deps.log.warn({ jobId: job.id, attemptsMade: job.attemptsMade, final, err: err.message }, 'episode attempt failed');
+    if (!final) return;
+    const fleetError = err instanceof RetryableEpisodeError ? err.fleetError : undefined;
+    const error = fleetError
+      ? { kind: fleetError.outcome.kind, code: fleetError.code, message: fleetError.message }
+      : { kind: 'infra' as const, code: 'worker_lost', message: err.message };
+    recordFinal(deps, resultWithoutRun(job, { status: 'error', error }, deps.workerId))
+      .catch((e: unknown) => deps.log.error({ jobId: job.id, err: String(e) }, 'recording a failed episode failed'));
+  };
+}
+
 export function episodeProcessor(deps: EpisodeProcessorDeps) {
   return async (job: Job, token?: string, signal?: AbortSignal): Promise<EpisodeResult> => {
     const parsed = EpisodeJob.safeParse(job.data);
     if (!parsed.success) {
       const message = `invalid episode payload: ${describeIssues(parsed.error, job.data).join('; ')}`;
       deps.log.warn({ jobId: job.id, err: message }, 'episode rejected');
-      const result = resultWithoutRun(job, { status: 'error', error: { kind: 'invalid', code: 'invalid_payload', message } }, deps.workerId);
-      await deps.results.record(result);
-      return result;
+      return await recordFinal(deps, resultWithoutRun(job, { status: 'error', error: { kind: 'invalid', code: 'invalid_payload', message } }, deps.workerId));
     }
     const { episodeId, batchId } = parsed.data;
     // A job that comes back after its result was recorded (its worker died before completing it, or
     // the batch was enqueued again) ends with that result: the episode never runs twice.
     const prior = await deps.results.get(batchId, episodeId);
     if (prior) return prior;
-    const record = async (result: EpisodeResult) => {
-      if (!(await deps.results.record(result))) deps.log.warn({ episodeId }, 'episode already had a result; this one is not recorded');
-      await deps.redis.del(failuresKey(deps.prefix, episodeId));
-      await deps.control.end(episodeId);
-      // The episode is over: its checkpoints served their purpose (a requeue by kind starts afresh).
-      await rm(deps.checkpoints.store.folder(episodeId), { recursive: true, force: true }).catch(() => undefined);
-      return result;
-    };
 
     const episodeSignal = deps.running.start(episodeId, signal);
     try {
       if ((await deps.control.markRunning(episodeId)) === 'cancelled') {
-        return await record(resultWithoutRun(job, { status: 'cancelled' }, deps.workerId));
+        return await recordFinal(deps, resultWithoutRun(job, { status: 'cancelled' }, deps.workerId));
       }
       // Numbered across retries, stalls, drains and requeues, so every attempt has its own evidence.
       const attempt = await deps.redis.incr(startsKey(deps.prefix, episodeId));
@@ -81,7 +106,7 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
           throw new RetryableEpisodeError(outcome.error);
         }
       }
-      return await record(outcome.result);
+      return await recordFinal(deps, outcome.result);
     } finally {
       deps.running.finish(episodeId, episodeSignal);
     }

@@ -6,18 +6,21 @@
 // (and their stages): a job being written stays. So an episode holds at most about two checkpoints in
 // Redis however far the writer falls behind, and the newest one is always written.
 import type { Readable } from 'node:stream';
-import { Queue } from 'bullmq';
+import type { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { CHECKPOINTS_QUEUE, CHECKPOINT_JOB, checkpointJobId, checkpointJobOptions, type CheckpointJob } from '../../queues/checkpoints/contract.ts';
+import { CHECKPOINT_JOB, checkpointJobId, checkpointJobOptions, type CheckpointJob } from '../../queues/checkpoints/contract.ts';
 import { describeIssues } from '../config/zod-issues.ts';
 import { captureWorkspace } from './capture-workspace.ts';
 import { CheckpointOffer, type Checkpoint } from './checkpoint.ts';
 import { newStagedKey, stageCheckpoint } from './checkpoint-staging.ts';
+import { untilAborted } from '../deadlines/deadline.ts';
 
 export interface CheckpointSinkOptions {
   /** The fleet's Redis (workers: `maxRetriesPerRequest: null`); shared, the caller closes it after the sink. */
   connection: Redis;
+  /** The `checkpoints` queue on that connection; the caller closes it after the sink. */
+  queue: Queue;
   prefix: string;
   log: Logger;
   /** A workspace tar larger than this is not captured; the checkpoint says so. @default 8388608 (8 MiB) */
@@ -69,22 +72,6 @@ function checkedPositive(name: string, value: number | undefined, fallback: numb
   return value;
 }
 
-/** Await `work`, or reject with the signal's reason when it aborts first (`work` goes on). */
-async function unlessAborted<T>(work: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
-  if (signal === undefined) return work;
-  signal.throwIfAborted();
-  let onAbort: (() => void) | undefined;
-  const aborted = new Promise<never>((_, reject) => {
-    onAbort = () => reject(signal.reason);
-    signal.addEventListener('abort', onAbort, { once: true });
-  });
-  try {
-    return await Promise.race([work, aborted]);
-  } finally {
-    signal.removeEventListener('abort', onAbort!);
-  }
-}
-
 export class CheckpointSink {
   readonly stats: CheckpointSinkStats = { offered: 0, replaced: 0, handedOver: 0, superseded: 0, failed: 0 };
   private readonly lanes = new Map<string, Lane>();
@@ -104,8 +91,7 @@ export class CheckpointSink {
     this.capBytes = checkedPositive('workspaceCapBytes', opts.workspaceCapBytes, 8 * 1024 * 1024);
     this.readTimeoutMs = checkedPositive('workspaceReadTimeoutMs', opts.workspaceReadTimeoutMs, 60_000);
     this.ttlMs = checkedPositive('stagedTtlMs', opts.stagedTtlMs, 24 * 3600 * 1000);
-    this.queue = new Queue(CHECKPOINTS_QUEUE, { connection: opts.connection, prefix: opts.prefix });
-    this.queue.on('error', (err) => this.log.warn({ err: err.message }, 'checkpoints queue error'));
+    this.queue = opts.queue;
   }
 
   /**
@@ -153,16 +139,15 @@ export class CheckpointSink {
   async flush(episodeId: string, signal?: AbortSignal): Promise<number | undefined> {
     const lane = this.lanes.get(episodeId);
     if (lane === undefined) return undefined;
-    while (lane.running !== undefined) await unlessAborted(lane.running, signal);
+    while (lane.running !== undefined) await untilAborted(lane.running, signal);
     if (this.lanes.get(episodeId) === lane) this.lanes.delete(episodeId);
     return lane.lastSeq;
   }
 
-  /** No more offers; resolves once every offer made is handed over (or failed), then closes the queue. */
+  /** No more offers; resolves once every offer made is handed over (or failed). */
   async close(signal?: AbortSignal): Promise<void> {
     this.closed = true;
     await Promise.all([...this.lanes.keys()].map((id) => this.flush(id, signal)));
-    await this.queue.close();
   }
 
   private async jobStagedKey(jobId: string): Promise<string | undefined> {

@@ -13,6 +13,7 @@ import { LABEL } from '../sandbox/labels.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
 import { liveWorkers } from '../worker/lease.ts';
 import type { ResultsStore } from '../results/results-store.ts';
+import { untilAborted } from '../deadlines/deadline.ts';
 
 export interface ReapDeps {
   docker: Docker;
@@ -95,11 +96,9 @@ async function salvage(deps: ReapDeps, containerId: string, episodeId: string): 
     )) as unknown as Readable;
     const dest = deps.evidence.salvageFolder(episodeId, containerId);
     const extraction = extractSafely(archive, dest, { ...deps.salvageLimits, strip: 1 });
-    const timeout = new Promise<never>((_, reject) => setTimeout(() => {
-      archive.destroy();
-      reject(new Error('salvage passed its deadline'));
-    }, deps.callTimeoutMs).unref());
-    await Promise.race([extraction, timeout]);
+    const deadline = AbortSignal.timeout(deps.callTimeoutMs);
+    deadline.addEventListener('abort', () => archive.destroy(), { once: true });
+    await untilAborted(extraction, deadline);
     return true;
   } catch (err) {
     deps.log.warn({ containerId, episodeId, err: String(err) }, 'salvaging an orphan failed');

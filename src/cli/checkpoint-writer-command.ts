@@ -3,7 +3,7 @@
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import { Redis } from 'ioredis';
-import { startCheckpointWriter } from '../worker/checkpoint-writer.ts';
+import { startCheckpointWriter } from './checkpoint-writer.ts';
 import { UsageError, requireRedisUrl, type Cli } from './context.ts';
 
 export async function checkpointWriterCommand(cli: Cli, args: string[]): Promise<number> {

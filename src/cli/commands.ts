@@ -2,14 +2,14 @@
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import type { FleetConfig } from '../config/config.ts';
-import type { ModelSettings } from '../episode/run-episode.ts';
+import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { enqueueBatch } from '../producer/enqueue-batch.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { formatSummary } from '../results/batch-summary.ts';
 import { resultsCsv } from '../results/results-csv.ts';
 import { progressView, waitForBatch } from './progress.ts';
 import { loadBatch } from '../tasks/load-task.ts';
-import { startWorker } from '../worker/start-worker.ts';
+import { startWorker } from './worker-process.ts';
 import { UsageError, connectProducer, episodesQueue, flowProducer, imageChecker, requireRedisUrl, type Cli } from './context.ts';
 
 const positive = (name: string, value: string | undefined): number | undefined => {

@@ -17,6 +17,8 @@ export type FleetErrorCode =
   | 'docker_timeout'
   /** Any other Docker error (container vanished, engine error). */
   | 'docker_error'
+  /** A phase of the episode passed its reserve (a stalled engine, Redis or file system). */
+  | 'phase_timeout'
   /** Redis failed under a running episode. */
   | 'redis_error'
   /** The agent runtime generation could not be built or installed (inputs unreadable, install failed, wait too long). */
@@ -50,6 +52,7 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
     case 'docker_unavailable':
     case 'docker_timeout':
     case 'docker_error':
+    case 'phase_timeout':
     case 'redis_error':
     case 'runtime_unavailable':
     case 'unexpected':

@@ -1,6 +1,7 @@
 // The Docker engine client and the deadline every call to it runs under. Only src/sandbox imports
 // dockerode; everything else sees sandbox sessions.
 import Docker from 'dockerode';
+import { untilAborted } from '../deadlines/deadline.ts';
 import { EpisodeStop } from '../errors/episode-stop.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 
@@ -59,20 +60,13 @@ export async function dockerCall<T>(
 ): Promise<T> {
   const deadline = AbortSignal.timeout(opts.timeoutMs);
   const signal = opts.signal ? AbortSignal.any([opts.signal, deadline]) : deadline;
-  let onAbort: (() => void) | undefined;
-  const aborted = new Promise<never>((_, reject) => {
-    onAbort = () => reject(Object.assign(new Error('aborted'), { name: 'AbortError' }));
-    if (signal.aborted) onAbort();
-    else signal.addEventListener('abort', onAbort, { once: true });
-  });
   try {
-    return await Promise.race([call(signal), aborted]);
+    signal.throwIfAborted();
+    return await untilAborted(call(signal), signal);
   } catch (err) {
     // A caller that aborts with a reason of its own (a phase deadline, a cancellation) gets it back.
     if (opts.signal?.aborted && (opts.signal.reason instanceof FleetError || opts.signal.reason instanceof EpisodeStop)) throw opts.signal.reason;
     throw dockerError(what, err);
-  } finally {
-    if (onAbort) signal.removeEventListener('abort', onAbort);
   }
 }
 

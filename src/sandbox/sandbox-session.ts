@@ -251,8 +251,8 @@ export class SandboxSession {
   }
 
   /** KILL every process of the sandbox user but init (whatever an agent left running). */
-  async killAll(): Promise<void> {
-    await this.signalAll('KILL');
+  async killAll(signal?: AbortSignal): Promise<void> {
+    await this.signalAll('KILL', signal);
   }
 
   /** TERM every process of the sandbox user but init, then KILL what is left after a grace period. */
@@ -265,8 +265,8 @@ export class SandboxSession {
     this.deps.log.warn({ containerId: this.containerId }, 'process tree still attached after KILL');
   }
 
-  private async signalAll(sig: 'TERM' | 'KILL'): Promise<void> {
-    const call = { timeoutMs: this.deps.callTimeoutMs };
+  private async signalAll(sig: 'TERM' | 'KILL', signal?: AbortSignal): Promise<void> {
+    const call = { timeoutMs: this.deps.callTimeoutMs, signal };
     try {
       const exec = await dockerCall('create kill exec', call, (abortSignal) =>
         this.container.exec({ Cmd: ['kill', `-${sig}`, '-1'], AttachStdout: true, AttachStderr: true, abortSignal } as never),

@@ -18,7 +18,7 @@ import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { ResultsStore } from '../../src/results/results-store.ts';
-import { startWorker, type WorkerHandle, type WorkerOptions } from '../../src/worker/start-worker.ts';
+import { startWorker, type WorkerHandle, type WorkerOptions } from '../../src/cli/worker-process.ts';
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 export const BIN = path.join(ROOT, 'src/cli/bin.js');

@@ -9,7 +9,7 @@ import { planBatch } from '../../src/producer/enqueue-batch.ts';
 import { fleetKeyPattern } from '../../src/redis/redis-keys.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
 import { putTaskArchive } from '../../src/tasks/task-store.ts';
-import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import type { WorkerHandle } from '../../src/cli/worker-process.ts';
 import { EXAMPLES, runCli, startFleetEnv, waitFor, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
 
 /** A temp folder with copies of example tasks and a batch file naming them. */

@@ -48,7 +48,7 @@ describe('checkpoint writer killed mid-write', () => {
   beforeAll(async () => {
     env = await startFleetEnv({ durable: true });
     queue = new Queue(CHECKPOINTS_QUEUE, { connection: env.client, prefix: env.prefix });
-    sink = new CheckpointSink({ connection: env.client, prefix: env.prefix, log: silentLog, workspaceCapBytes: 16 * 1024 * 1024 });
+    sink = new CheckpointSink({ connection: env.client, queue, prefix: env.prefix, log: silentLog, workspaceCapBytes: 16 * 1024 * 1024 });
   });
   afterAll(async () => {
     await Promise.all(children.map((c) => stop(c, 'SIGKILL')));

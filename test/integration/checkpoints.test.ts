@@ -16,7 +16,7 @@ import type { Checkpoint } from '../../src/checkpoints/checkpoint.ts';
 import { CheckpointSink } from '../../src/checkpoints/checkpoint-sink.ts';
 import { CheckpointStore } from '../../src/checkpoints/checkpoint-store.ts';
 import { redisEpisodeLock } from '../../src/checkpoints/episode-lock.ts';
-import { startCheckpointWriter } from '../../src/worker/checkpoint-writer.ts';
+import { startCheckpointWriter } from '../../src/cli/checkpoint-writer.ts';
 import { silentLog, startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
 import { allStaged, offerOf, redisHoldings, sha256, streamOf, workspaceTar } from '../helpers/checkpoints.ts';
 
@@ -34,8 +34,12 @@ describe('checkpoint pipeline', () => {
     return { prefix, dataDir, queue };
   }
   function sink(prefix: string, workspaceCapBytes?: number): CheckpointSink {
-    const s = new CheckpointSink({ connection: env.client, prefix, log: silentLog, ...(workspaceCapBytes && { workspaceCapBytes }) });
-    closers.push(() => s.close());
+    const queue = new Queue(CHECKPOINTS_QUEUE, { connection: env.client, prefix });
+    const s = new CheckpointSink({ connection: env.client, queue, prefix, log: silentLog, ...(workspaceCapBytes && { workspaceCapBytes }) });
+    closers.push(async () => {
+      await s.close();
+      await queue.close();
+    });
     return s;
   }
   function writer(prefix: string, dataDir: string, keep = 5, concurrency = 4): Worker {

@@ -1,8 +1,9 @@
-// A worker process's queues: episodes (the main work), cleanup (sandbox removal and the scheduled
-// reaper), checkpoints (the background writer) and batches (the summary when a batch ends); plus its lease and its ear for cancel requests.
-// Everything it needs is passed in; close() drains: no new jobs, running episodes get the drain
-// timeout, then are handed back to the queue; every connection it opened is released.
-import { Queue, Worker, type Job } from 'bullmq';
+// The composition root of a worker process: builds its Redis connections, queues and stores, and wires
+// the processors of episodes (the main work), cleanup (sandbox removal and the scheduled reaper),
+// checkpoints (the background writer) and batches (the summary when a batch ends); plus its lease and
+// its ear for cancel requests. close() drains: no new jobs, running episodes get the drain timeout,
+// then are handed back to the queue; every connection it opened is released.
+import { Queue, Worker } from 'bullmq';
 import type Docker from 'dockerode';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
@@ -11,24 +12,24 @@ import { batchProcessor } from '../../queues/batches/processor.ts';
 import { CLEANUP_QUEUE, CleanupJob, REAPER_SCHEDULER_ID, REAP_JOB, REMOVE_SANDBOX_JOB, cleanupJobId, cleanupJobOptions } from '../../queues/cleanup/contract.ts';
 import { cleanupProcessor } from '../../queues/cleanup/processor.ts';
 import { EPISODES_QUEUE, episodeBackoffMs } from '../../queues/episodes/contract.ts';
-import { RetryableEpisodeError, episodeProcessor, type RetryBudgets } from '../../queues/episodes/processor.ts';
+import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
+import { episodeFailedListener, episodeProcessor, type EpisodeProcessorDeps, type RetryBudgets } from '../../queues/episodes/processor.ts';
 import path from 'node:path';
 import { REFERENCE_AGENT_PATH } from '../agent/llm-agent.ts';
 import { bundleReferenceAgent } from '../agent/reference/bundle-agent.ts';
 import { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
 import { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
 import { DEFAULT_RETRY_BUDGETS } from '../errors/failure-kind.ts';
-import type { ModelSettings } from '../episode/run-episode.ts';
+import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { prepareRuntime } from '../runtime/prepare-runtime.ts';
 import { defaultRuntimeInputs, type RuntimeInputs } from '../runtime/runtime-inputs.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
-import { resultWithoutRun } from '../episode/episode-result.ts';
 import { RunningEpisodes } from '../episode/running-episodes.ts';
 import { EvidenceStore } from '../evidence/evidence-store.ts';
 import type { ExtractLimits } from '../evidence/safe-extract.ts';
 import { ResultsStore } from '../results/results-store.ts';
+import { startLease } from '../worker/lease.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
-import { startLease } from './lease.ts';
 
 export interface WorkerOptions {
   redisUrl: string;
@@ -102,8 +103,10 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     prepareRuntime(runtimeDeps, await runtimeInputs(), { callTimeoutMs: opts.callTimeoutMs, ...(signal && { signal }) });
   // Warm the runtime generation now, so the first episodes do not pay its install in their set-up.
   const warmUp = prepare().then(() => undefined, (err: unknown) => log.warn({ err: String(err) }, 'runtime generation not prepared at start; episodes will try again'));
+  const checkpointsQueue = new Queue(CHECKPOINTS_QUEUE, { connection, prefix });
+  checkpointsQueue.on('error', (err) => log.warn({ err: err.message }, 'checkpoints queue error'));
   const checkpointSink = new CheckpointSink({
-    connection, prefix, log,
+    connection, queue: checkpointsQueue, prefix, log,
     ...(opts.checkpointWorkspaceCapBytes !== undefined && { workspaceCapBytes: opts.checkpointWorkspaceCapBytes }),
     ...(opts.checkpointStagedTtlMs !== undefined && { stagedTtlMs: opts.checkpointStagedTtlMs }),
   });
@@ -128,31 +131,32 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   });
 
   const workerOpts = { connection, prefix, name: workerId, lockDuration, stalledInterval: lockDuration };
+  const episodeDeps: EpisodeProcessorDeps = {
+    docker,
+    redis: connection,
+    prefix,
+    log,
+    workerId,
+    evidence,
+    results,
+    control,
+    running,
+    retryBudgets: opts.retryBudgets ?? DEFAULT_RETRY_BUDGETS,
+    callTimeoutMs: opts.callTimeoutMs,
+    outputCapBytes: opts.outputCapBytes,
+    snapshotLimits,
+    dataDir: opts.dataDir,
+    model: opts.model,
+    checkpoints: { sink: checkpointSink, store: checkpointStore },
+    prepareRuntime: prepare,
+    async scheduleCleanup(episodeId, containerId) {
+      const data: CleanupJob = CleanupJob.parse({ episodeId, containerId });
+      await cleanupQueue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
+    },
+  };
   const episodes = new Worker(
     EPISODES_QUEUE,
-    episodeProcessor({
-      docker,
-      redis: connection,
-      prefix,
-      log,
-      workerId,
-      evidence,
-      results,
-      control,
-      running,
-      retryBudgets: opts.retryBudgets ?? DEFAULT_RETRY_BUDGETS,
-      callTimeoutMs: opts.callTimeoutMs,
-      outputCapBytes: opts.outputCapBytes,
-      snapshotLimits,
-      dataDir: opts.dataDir,
-      model: opts.model,
-      checkpoints: { sink: checkpointSink, store: checkpointStore },
-      prepareRuntime: prepare,
-      async scheduleCleanup(episodeId, containerId) {
-        const data: CleanupJob = CleanupJob.parse({ episodeId, containerId });
-        await cleanupQueue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
-      },
-    }),
+    episodeProcessor(episodeDeps),
     { ...workerOpts, concurrency: opts.concurrency, settings: { backoffStrategy: episodeBackoffMs } },
   );
   const cleanup = new Worker(
@@ -170,20 +174,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   for (const w of [episodes, cleanup, batches]) {
     w.on('error', (err) => log.error({ queue: w.name, err: err.message }, 'worker error'));
   }
-  episodes.on('failed', (job: Job | undefined, err: Error) => {
-    if (job === undefined) return;
-    const final = job.attemptsMade >= (job.opts.attempts ?? 1) || err.name === 'UnrecoverableError';
-    log.warn({ jobId: job.id, attemptsMade: job.attemptsMade, final, err: err.message }, 'episode attempt failed');
-    if (!final) return;
-    // The processor records every outcome it sees; this covers what it never saw (a job that stalled
-    // too often, a crash outside the processor), so the episode still ends with a result.
-    const fleetError = err instanceof RetryableEpisodeError ? err.fleetError : undefined;
-    const error = fleetError
-      ? { kind: fleetError.outcome.kind, code: fleetError.code, message: fleetError.message }
-      : { kind: 'infra' as const, code: 'worker_lost', message: err.message };
-    results.record(resultWithoutRun(job, { status: 'error', error }, workerId))
-      .catch((e: unknown) => log.error({ jobId: job.id, err: String(e) }, 'recording a failed episode failed'));
-  });
+  episodes.on('failed', episodeFailedListener(episodeDeps));
   log.info({ workerId, concurrency: opts.concurrency }, 'worker started');
 
   return {
@@ -202,7 +193,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       await checkpointSink.close().catch((err: unknown) => log.warn({ err: String(err) }, 'checkpoint sink did not close cleanly'));
       await Promise.all([cleanup.close(), checkpoints.close(), batches.close()]);
       await lease.stop();
-      await cleanupQueue.close();
+      await Promise.all([cleanupQueue.close(), checkpointsQueue.close()]);
       await subscriber.quit().catch(() => subscriber.disconnect());
       await connection.quit().catch(() => connection.disconnect());
       log.info({ workerId }, 'worker stopped');

@@ -1,0 +1,107 @@
+// Close, bounded by the close reserve in total, whatever Redis, the engine or the disk do: mark the
+// episode closing (a cancel from now on is refused), keep the evidence (outputs, container state,
+// workspace snapshot and diff), hand the sandbox to the cleanup queue. What close cannot finish in
+// time goes on in the background: the hand-over completes when Redis answers again, the sandbox is
+// also removed directly, and the cleanup queue and the reaper finish whatever is left.
+import { rm } from 'node:fs/promises';
+import path from 'node:path';
+import type { Readable } from 'node:stream';
+import { Deadline, untilAborted } from '../deadlines/deadline.ts';
+import { extractSafely } from '../evidence/safe-extract.ts';
+import { diffWorkspace } from '../evidence/workspace-diff.ts';
+import { removeContainer } from '../sandbox/sandbox-session.ts';
+import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
+
+export interface Closed {
+  /** A cancel was flagged before close began: the episode ends cancelled. */
+  cancelled: boolean;
+  /** Whether the kernel OOM-killed the sandbox, when known. */
+  oomKilled?: boolean;
+}
+
+/** Slices of the close reserve: marking the episode closing, handing the sandbox over, the result file. */
+const BEGIN_MS = 2_000;
+const HAND_OVER_MS = 2_000;
+export const RESULT_WRITE_MS = 500;
+
+/** Starts the close deadline: not a child of the episode's signal, since a cancel never interrupts close. */
+export function closeDeadline(attempt: EpisodeAttempt): Deadline {
+  return new Deadline('close', attempt.job.task.reserves.closeSec * 1000);
+}
+
+/** Never throws; returns when done or when the close reserve (less the result's slice) is spent. */
+export async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, state: AttemptState, deadline: Deadline, alreadyStopped: boolean): Promise<Closed> {
+  const { job } = attempt;
+  const { log } = deps;
+  const budgetMs = deadline.budgetMs;
+  const closed: Closed = { cancelled: false };
+
+  // A cancel flagged before this point wins; from here on a cancel is refused (the caller is told).
+  const begin = await untilAborted(deps.control.beginClose(job.episodeId), deadline.within(Math.min(BEGIN_MS, budgetMs / 5), 'marking the episode closing'))
+    .catch((err: unknown) => {
+      log.warn({ err: String(err) }, 'could not mark the episode closing');
+      return 'closing' as const;
+    });
+  if (!alreadyStopped && begin === 'cancelled') closed.cancelled = true;
+
+  // Evidence gets what is left but the hand-over's and the result's slices.
+  const handOverMs = Math.min(HAND_OVER_MS, budgetMs / 4);
+  const collectSignal = deadline.within(deadline.remainingMs - handOverMs - RESULT_WRITE_MS, 'keeping evidence');
+  const collecting = collectEvidence(attempt, deps, state, collectSignal, closed);
+  await untilAborted(collecting, collectSignal).catch((err: unknown) => {
+    if (collectSignal.aborted) log.warn({ budgetMs }, 'evidence collection passed its share of the close reserve; kept what it had');
+    else log.warn({ err: String(err) }, 'collecting evidence failed');
+  });
+
+  if (state.containerId !== undefined) {
+    const id = state.containerId;
+    const handOver = deps.scheduleCleanup(job.episodeId, id);
+    const handed = await untilAborted(handOver, deadline.within(deadline.remainingMs - RESULT_WRITE_MS, 'handing the sandbox over'))
+      .then(() => true, () => false);
+    if (!handed) {
+      // Not waited for: the hand-over goes on (Redis may come back), and the sandbox is removed directly
+      // meanwhile; the cleanup job then finds it gone, and the reaper finds by its labels what both missed.
+      log.warn({ containerId: id }, 'cleanup queue did not take the sandbox in time; removing it directly');
+      void handOver.catch((err: unknown) => log.warn({ containerId: id, err: String(err) }, 'cleanup hand-over failed'));
+      void removeContainer(deps.docker, id, deps.callTimeoutMs).catch((err: unknown) =>
+        log.error({ containerId: id, err: String(err) }, 'sandbox not removed; the reaper will find it by its labels'));
+    }
+  }
+  // Last: the engine resolves the sandbox's bind mounts for every archive call, so the proxy's
+  // (now empty) folder stays until nothing more is read from the sandbox. Not waited for.
+  if (state.proxy) void rm(path.dirname(state.proxy.socketPath), { recursive: true, force: true }).catch(() => undefined);
+  return closed;
+}
+
+async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state: AttemptState, signal: AbortSignal, closed: Closed): Promise<void> {
+  const { job } = attempt;
+  const { task } = job;
+  const { evidence, log } = deps;
+  await state.proxy?.close().catch((err: unknown) => log.warn({ err: String(err) }, 'closing the model proxy failed'));
+  // Checkpoints still being handed over read the sandbox's workspace: let them finish first.
+  await Promise.all([...state.snapshots]);
+  await deps.checkpoints.sink.flush(job.episodeId, signal).catch((err: unknown) => log.warn({ err: String(err) }, 'checkpoint hand-over unfinished at close'));
+  await Promise.all([
+    state.agentRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'agent', state.agentRun),
+    state.verifyRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'verifier', state.verifyRun),
+  ]);
+  if (state.session === undefined) return;
+  closed.oomKilled = await state.session.state(signal).then((s) => s.oomKilled, () => undefined);
+  const snapshotDir = path.join(evidence.folder(job.episodeId, attempt.attempt), 'workspace');
+  const tar = (await state.session.getArchive(task.workdir, signal)) as Readable;
+  signal.addEventListener('abort', () => tar.destroy(), { once: true });
+  const extraction = await extractSafely(tar, snapshotDir, { ...deps.snapshotLimits, strip: 1 });
+  const changes = await diffWorkspace(state.archive?.files('workspace') ?? new Map(), snapshotDir, extraction, deps.snapshotLimits.maxFileBytes);
+  await Promise.all([
+    evidence.writeText(job.episodeId, attempt.attempt, 'workspace.diff', changes.diff),
+    evidence.writeJson(job.episodeId, attempt.attempt, 'evidence', {
+      outputCapBytes: deps.outputCapBytes,
+      agent: state.agentRun && { stdout: capInfo(state.agentRun.stdout), stderr: capInfo(state.agentRun.stderr) },
+      verifier: state.verifyRun && { stdout: capInfo(state.verifyRun.stdout), stderr: capInfo(state.verifyRun.stderr) },
+      workspace: { added: changes.added, removed: changes.removed, modified: changes.modified, extraction: { ...extraction, files: extraction.files.length } },
+      oomKilled: closed.oomKilled,
+    }),
+  ]);
+}
+
+const capInfo = (o: { totalBytes: number; truncated: boolean; capBytes: number }) => ({ totalBytes: o.totalBytes, truncated: o.truncated, capBytes: o.capBytes });

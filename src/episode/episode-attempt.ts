@@ -1,0 +1,93 @@
+// What one episode attempt is given (its job, its signal, the worker's clients and stores) and what
+// its phases leave behind for the next phase and for close.
+import type Docker from 'dockerode';
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import type { EpisodeJob, EpisodeResult } from '../../queues/episodes/contract.ts';
+import type { AgentRun } from '../agent/agent.ts';
+import type { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
+import type { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
+import type { FleetError } from '../errors/fleet-error.ts';
+import type { StopReason } from '../errors/episode-stop.ts';
+import type { EvidenceStore } from '../evidence/evidence-store.ts';
+import type { ExtractLimits } from '../evidence/safe-extract.ts';
+import type { ModelProxy } from '../model/model-proxy.ts';
+import type { RuntimeGeneration } from '../runtime/prepare-runtime.ts';
+import type { ExecResult, SandboxSession } from '../sandbox/sandbox-session.ts';
+import type { TaskArchive } from '../tasks/task-archive.ts';
+import type { EpisodeControl } from './episode-control.ts';
+
+export interface EpisodeDeps {
+  docker: Docker;
+  redis: Redis;
+  prefix: string;
+  log: Logger;
+  workerId: string;
+  evidence: EvidenceStore;
+  control: EpisodeControl;
+  /** Deadline of each Docker API call (a phase's deadline may cut it shorter). */
+  callTimeoutMs: number;
+  outputCapBytes: number;
+  /** Caps of the workspace snapshot taken at close. */
+  snapshotLimits: ExtractLimits;
+  /** Hand a sandbox to the cleanup queue. */
+  scheduleCleanup(episodeId: string, containerId: string): Promise<void>;
+  /** The runtime generation every sandbox mounts read-only (installed once per engine, then warm). */
+  prepareRuntime(signal: AbortSignal): Promise<RuntimeGeneration>;
+  /** Holds per-episode folders (the model proxy's socket), bind-mounted at the same path. */
+  dataDir: string;
+  /** The model endpoint behind every episode's proxy; unset, agents that need a model fail (kind model). */
+  model: ModelSettings | undefined;
+  /** Where the agent's checkpoints go (never awaited by the agent) and where a retry finds the latest. */
+  checkpoints: { sink: CheckpointSink; store: CheckpointStore };
+}
+
+export interface ModelSettings {
+  baseUrl: string;
+  apiKey?: string | undefined;
+  /** Forces the model name of every request. */
+  name?: string | undefined;
+  maxCalls: number;
+  maxTokens: number;
+  requestTimeoutMs: number;
+  upstreamRetries: number;
+}
+
+export interface EpisodeAttempt {
+  job: EpisodeJob;
+  /** 1-based: how many times this episode was started, this time included. */
+  attempt: number;
+  /** Aborted with an EpisodeStop to cancel the episode or hand it back (drain). */
+  signal: AbortSignal;
+}
+
+export interface EpisodeOutcome {
+  result: EpisodeResult;
+  /** The failure may go away on another attempt (infrastructure, model). */
+  retry: boolean;
+  /** The worker is draining: the episode goes back to the queue, this attempt records no result. */
+  handBack: boolean;
+  error?: FleetError;
+}
+
+/** What the phases of one attempt opened and measured; close reads it to keep evidence and clean up. */
+export interface AttemptState {
+  /** Checkpoint snapshots still being read from the sandbox; close waits for them. */
+  snapshots: Set<Promise<void>>;
+  /** The checkpoint this attempt resumed from. */
+  resumedFrom?: number;
+  archive?: TaskArchive;
+  runtime?: RuntimeGeneration;
+  proxy?: ModelProxy;
+  containerId?: string;
+  session?: SandboxSession;
+  agentRun?: AgentRun;
+  verifyRun?: ExecResult;
+  imageId?: string;
+  timings: EpisodeResult['timings'];
+}
+
+/** How set-up, agent and verification ended, before close. */
+export type Graded = { status: EpisodeResult['status']; reward: number | null; error?: FleetError; stop?: StopReason };
+
+export const msSince = (t: number) => Math.round(performance.now() - t);

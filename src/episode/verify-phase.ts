@@ -1,0 +1,44 @@
+// Verification: nothing the agent started may outlive it, the model is gone, and only then do the
+// hidden tests enter the sandbox (owned by root, so the agent's leftovers cannot edit them). The
+// verifier's exit code is the reward. The whole phase runs under the verification reserve: a stalled
+// engine ends it as an infrastructure failure, never as a reward.
+import type { AgentRun } from '../agent/agent.ts';
+import { Deadline } from '../deadlines/deadline.ts';
+import { FleetError } from '../errors/fleet-error.ts';
+import type { SandboxSession } from '../sandbox/sandbox-session.ts';
+import type { AttemptState, EpisodeAttempt, EpisodeDeps, Graded } from './episode-attempt.ts';
+
+/** Where the hidden tests are copied for verification, after the agent stopped. */
+export const TESTS_DIR = '/tests';
+const ROOT_OWNER = { uid: 0, gid: 0 } as const;
+
+export async function verify(
+  attempt: EpisodeAttempt,
+  deps: EpisodeDeps,
+  session: SandboxSession,
+  state: AttemptState,
+  agentRun: AgentRun,
+): Promise<Graded> {
+  const { task } = attempt.job;
+  const deadline = new Deadline('verify', task.reserves.verifySec * 1000, attempt.signal);
+  try {
+    // A process left behind could rewrite the tests once they arrive; the verifier runs without a model.
+    await deadline.run('stopping what the agent left running', (signal) => session.killAll(signal));
+    await deadline.run('closing the model proxy', async () => state.proxy?.close());
+    const tests = await state.archive!.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
+    await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal));
+    const verifyRun = await deadline.runStoppable('running the verifier', (signal) =>
+      session.exec(task.verify.command, { timeoutMs: task.verify.timeoutSec * 1000, capBytes: deps.outputCapBytes, signal }));
+    state.verifyRun = verifyRun;
+    // Stopped from outside (cancel, drain) or by the reserve: not graded.
+    deadline.signal.throwIfAborted();
+    if (verifyRun.timedOut) throw new FleetError('verifier_timeout', `verifier passed its timeout of ${task.verify.timeoutSec}s`);
+    if (verifyRun.exitCode !== 0 && verifyRun.exitCode !== 1) {
+      throw new FleetError('verifier_crashed', `verifier exited with ${verifyRun.exitCode} (0 passes, 1 fails, anything else is a broken verifier)`);
+    }
+    const reward = verifyRun.exitCode === 0 ? 1 : 0;
+    return { status: agentRun.timedOut ? 'timeout' : reward === 1 ? 'passed' : 'failed', reward };
+  } finally {
+    deadline.dispose();
+  }
+}
