@@ -77,3 +77,6 @@ export const fleetKeyPattern = (prefix: string) => `${prefix}:*`;
 
 /** BullMQ's own key of a job (its hash), as `Queue.toKey(jobId)` builds it; for tools and tests that read Redis directly. */
 export const bullmqJobKey = (prefix: string, queueName: string, jobId: string) => `${prefix}:${queueName}:${jobId}`;
+
+/** BullMQ's event stream of a queue (what QueueEvents reads); for tests that must see an event in the same tick. */
+export const bullmqEventsKey = (prefix: string, queueName: string) => `${prefix}:${queueName}:events`;

@@ -7,8 +7,9 @@ import { readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+import { EPISODES_QUEUE, type EpisodeResult } from '../../queues/episodes/contract.ts';
 import type { WorkerHandle, WorkerOptions } from '../../src/cli/worker-process.ts';
+import { bullmqEventsKey } from '../../src/redis/redis-keys.ts';
 import {
   enqueueFile, fleetContainers, startEnvWorker, startFleetEnv, waitFor, waitForResults, type FleetEnv,
 } from '../helpers/fleet.ts';
@@ -46,7 +47,7 @@ const COMMAND_AGENT = '{ kind: command, command: "echo fixed > state.txt" }';
 async function watchActive(env: FleetEnv, episodeId: string, onActive?: () => void): Promise<{ at: Promise<number>; stop(): void }> {
   const conn = new Redis(env.redis.url, { maxRetriesPerRequest: null, connectionName: 'rf-test-watch' });
   conn.on('error', () => undefined);
-  const key = `${env.prefix}:episodes:events`;
+  const key = bullmqEventsKey(env.prefix, EPISODES_QUEUE);
   let last = (await conn.xrevrange(key, '+', '-', 'COUNT', 1))[0]?.[0] ?? '0-0';
   const at = (async () => {
     for (;;) {

@@ -29,6 +29,7 @@ describe('redis keys', () => {
       keys.batchesKey(p),
       keys.fleetKeyPattern(p),
       keys.bullmqJobKey(p, 'checkpoints', 'b.t.0.cp3'),
+      keys.bullmqEventsKey(p, 'episodes'),
     ]).toEqual([
       'rf:runtime:last-used',
       'rf:runtime:lock:ENGINE:ID:gen1',
@@ -51,6 +52,7 @@ describe('redis keys', () => {
       'rf:batches',
       'rf:*',
       'rf:checkpoints:b.t.0.cp3',
+      'rf:episodes:events',
     ]);
   });
 });
