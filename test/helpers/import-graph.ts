@@ -110,7 +110,8 @@ export function folderGraph(graph: ImportGraph): Map<string, string[]> {
   return new Map([...folders].map(([f, out]) => [f, [...out].sort()]));
 }
 
-// Run directly: print the cycles of src/ and queues/ and the folder edges that take part in them.
+// Run directly: print the file and folder cycles of src/ and queues/; with --edges, every import that
+// crosses a folder too (to see which files make a folder cycle).
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const graph = importGraph(['src', 'queues']);
   const fileCycles = findCycles(graph);
@@ -119,8 +120,7 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const folderCycles = findCycles(folderGraph(graph));
   process.stdout.write(`folder cycles (DFS back edges): ${folderCycles.length}\n`);
   for (const c of folderCycles) process.stdout.write(`  ${c.join(' -> ')}\n`);
-  const edges = process.argv.includes('--edges');
-  if (edges) {
+  if (process.argv.includes('--edges')) {
     for (const [from, targets] of graph) {
       for (const t of targets) if (folderOf(t) !== folderOf(from)) process.stdout.write(`  ${from} -> ${t}\n`);
     }
