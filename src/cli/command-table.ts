@@ -95,7 +95,7 @@ drains it (running episodes are handed over) and it exits 0.`,
   },
   cancel: {
     synopsis: '<episode-id|batch-id> [--wait-ms N]',
-    summary: 'cancel waiting and running episodes (exit 3: already closing)',
+    summary: 'cancel waiting and running episodes',
     about: `Cancels one episode, or every episode of a batch: waiting ones at once, running ones through
 their worker (evidence is kept). Exit 3 when an episode was already closing (it ends as it would have).`,
     optionHelp: `  --wait-ms N       how long to wait for a running episode's result (default 60000)`,
