@@ -3,6 +3,8 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
+    // Tests start the compiled CLI (dist/) as a process: compile it first, incrementally.
+    globalSetup: ['test/helpers/build-dist.ts'],
     pool: 'forks',
     testTimeout: 120_000,
     hookTimeout: 60_000,

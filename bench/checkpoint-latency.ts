@@ -4,7 +4,7 @@
 // (`rollout-fleet checkpoint-writer`) and once inside the offering process. The baseline, in the same
 // run, writes the same bytes directly (temp file + fsync + rename, per file) on the same schedule: what
 // a synchronous writer costs. Then the writer's throughput on a backlog, against direct writes.
-// Run: npx tsx bench/checkpoint-latency.ts [--seconds 15] [--rate 20] [--episodes 4]
+// Run: npm run build && npx tsx bench/checkpoint-latency.ts [--seconds 15] [--rate 20] [--episodes 4]
 //      [--transcript-kb 50] [--workspace-kb 256] [--backlog 200] [--rounds 3] [--redis durable|volatile]
 // Each variant runs `rounds` segments, interleaved with the others, so all see the same background load.
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -27,7 +27,8 @@ import { startPrivateRedis } from '../src/cli/private-redis.ts';
 import { writeFileAtomic } from '../src/files/atomic-write.ts';
 import { startCheckpointWriter } from '../src/cli/checkpoint-writer.ts';
 
-const BIN = fileURLToPath(new URL('../src/cli/bin.js', import.meta.url));
+/** The compiled CLI (`npm run build`), as workers run it. */
+const BIN = fileURLToPath(new URL('../dist/src/cli/bin.js', import.meta.url));
 const { values } = parseArgs({
   options: {
     seconds: { type: 'string', default: '15' },

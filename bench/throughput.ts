@@ -1,6 +1,6 @@
 // Throughput of the fleet with 3 worker processes against 1, in the same run, on a private Redis and
 // the local Docker engine: one batch of 30 episodes each, every worker process at the same concurrency.
-// Prints episodes/s of each and their ratio. Run: npx tsx bench/throughput.ts [--episodes 30]
+// Prints episodes/s of each and their ratio. Run: npm run build && npx tsx bench/throughput.ts [--episodes 30]
 // [--concurrency 2] [--agent-sec 1] [--rounds 1]. With several rounds (1 then 3 workers each round, so
 // both see the same background load) the ratio is the median of the rounds' ratios.
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -22,7 +22,8 @@ import { createDocker } from '../src/sandbox/docker-client.ts';
 import { LABEL } from '../src/sandbox/labels.ts';
 import { loadBatch } from '../src/tasks/load-task.ts';
 
-const BIN = fileURLToPath(new URL('../src/cli/bin.js', import.meta.url));
+/** The compiled CLI (`npm run build`), as workers run it. */
+const BIN = fileURLToPath(new URL('../dist/src/cli/bin.js', import.meta.url));
 
 const { values } = parseArgs({
   options: {

@@ -11,6 +11,7 @@ import { resultWithoutRun } from '../../src/episode/episode-result.ts';
 import type { RunningEpisodes } from '../../src/episode/running-episodes.ts';
 import type { EpisodeDeps } from '../../src/episode/episode-attempt.ts';
 import { runEpisode } from '../../src/episode/run-episode.ts';
+import { Deadline, PhaseTimeout } from '../../src/deadlines/deadline.ts';
 import { episodeFailuresKey as failuresKey, episodeStartsKey as startsKey } from '../../src/redis/redis-keys.ts';
 import type { ResultsStore } from '../../src/results/results-store.ts';
 import { EpisodeJob, type EpisodeResult } from './contract.ts';
@@ -77,20 +78,31 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       return await recordFinal(deps, resultWithoutRun(job, { status: 'error', error: { kind: 'invalid', code: 'invalid_payload', message } }, deps.workerId));
     }
     const { episodeId, batchId } = parsed.data;
-    // A job that comes back after its result was recorded (its worker died before completing it, or
-    // the batch was enqueued again) ends with that result: the episode never runs twice.
-    const prior = await deps.results.get(batchId, episodeId);
-    if (prior) return prior;
-
     const episodeSignal = deps.running.start(episodeId, signal);
+    // The set-up reserve starts at pick-up: the Redis steps here count against it like the set-up's own.
+    const setUp = new Deadline('set-up', parsed.data.task.reserves.setupSec * 1000, episodeSignal);
     try {
-      if ((await deps.control.markRunning(episodeId)) === 'cancelled') {
-        return await recordFinal(deps, resultWithoutRun(job, { status: 'cancelled' }, deps.workerId));
+      let attempt: number | undefined;
+      try {
+        // A job that comes back after its result was recorded (its worker died before completing it, or
+        // the batch was enqueued again) ends with that result: the episode never runs twice.
+        const prior = await setUp.run('checking for a recorded result', () => deps.results.get(batchId, episodeId));
+        if (prior) return prior;
+        if ((await setUp.run('marking the episode running', () => deps.control.markRunning(episodeId))) === 'cancelled') {
+          return await recordFinal(deps, resultWithoutRun(job, { status: 'cancelled' }, deps.workerId));
+        }
+        // Numbered across retries, stalls, drains and requeues, so every attempt has its own evidence.
+        attempt = await setUp.run('numbering the attempt', () => deps.redis.incr(startsKey(deps.prefix, episodeId)));
+        void deps.redis.expire(startsKey(deps.prefix, episodeId), KEEP_SEC).catch(() => undefined);
+      } catch (err) {
+        // Redis did not answer within the set-up reserve: the attempt runs on, its set-up fails at once
+        // with that timeout, and it ends as an infrastructure failure with its evidence (numbered by
+        // BullMQ's count, since the fleet's own counter could not be read).
+        if (!(err instanceof PhaseTimeout)) throw err;
+        // Counted all the same once Redis answers, so the next attempt does not reuse this number.
+        if (attempt === undefined) void deps.redis.incr(startsKey(deps.prefix, episodeId)).catch(() => undefined);
       }
-      // Numbered across retries, stalls, drains and requeues, so every attempt has its own evidence.
-      const attempt = await deps.redis.incr(startsKey(deps.prefix, episodeId));
-      await deps.redis.expire(startsKey(deps.prefix, episodeId), KEEP_SEC);
-      const outcome = await runEpisode({ job: parsed.data, attempt, signal: episodeSignal }, deps);
+      const outcome = await runEpisode({ job: parsed.data, attempt: attempt ?? Math.max(1, job.attemptsStarted), signal: episodeSignal, setUp }, deps);
       if (outcome.handBack) {
         // Draining: back to the queue now, for another worker, without waiting for a stall timeout.
         await deps.control.release(episodeId);
@@ -108,6 +120,7 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       }
       return await recordFinal(deps, outcome.result);
     } finally {
+      setUp.dispose();
       deps.running.finish(episodeId, episodeSignal);
     }
   };

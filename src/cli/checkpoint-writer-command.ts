@@ -4,10 +4,11 @@ import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import { Redis } from 'ioredis';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
+import { CHECKPOINT_WRITER_OPTIONS } from './command-table.ts';
 import { UsageError, requireRedisUrl, type Cli } from './context.ts';
 
 export async function checkpointWriterCommand(cli: Cli, args: string[]): Promise<number> {
-  const { values } = parseArgs({ args, options: { concurrency: { type: 'string' } } });
+  const { values } = parseArgs({ args, options: CHECKPOINT_WRITER_OPTIONS });
   const { config, log } = cli;
   let concurrency = config.FLEET_CHECKPOINT_WRITER_CONCURRENCY;
   if (values.concurrency !== undefined) {

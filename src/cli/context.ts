@@ -1,11 +1,10 @@
 // The only place that reads the environment and builds clients: config, the root logger, Redis
-// connections, the Docker client and queues, handed to the domain code as arguments.
-import { FlowProducer, Queue } from 'bullmq';
+// connections and the Docker client (queues: queue-clients.ts), handed to the domain code as
+// arguments. It loads neither BullMQ nor dockerode, so `status` and `results` start quickly.
 import { Redis } from 'ioredis';
 import { pino, type Logger } from 'pino';
-import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
 import { loadConfig, type FleetConfig } from '../config/config.ts';
-import { createDocker, dockerStatusOf, type Docker } from '../sandbox/docker-client.ts';
+import type { Docker } from '../sandbox/docker-client.ts';
 
 export class UsageError extends Error {
   override readonly name = 'UsageError';
@@ -18,12 +17,26 @@ export function rootLogger(config: FleetConfig): Logger {
 export interface Cli {
   config: FleetConfig;
   log: Logger;
-  docker: Docker;
+  /** The Docker client, built on first use: dockerode takes ~0.1 s to load, which `status` need not pay. */
+  docker(): Promise<Docker>;
 }
 
 export function cliContext(env: NodeJS.ProcessEnv = process.env): Cli {
   const config = loadConfig(env);
-  return { config, log: rootLogger(config), docker: createDocker(config.DOCKER_HOST) };
+  let docker: Promise<Docker> | undefined;
+  return {
+    config,
+    log: rootLogger(config),
+    docker: () => (docker ??= import('../sandbox/docker-client.ts').then((m) => m.createDocker(config.DOCKER_HOST))),
+  };
+}
+
+/** The value of an option that must be an integer from 1 up, or undefined when it was not given. */
+export function positiveOption(name: string, value: string | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) throw new UsageError(`--${name}: expected an integer from 1 up, got ${JSON.stringify(value)}`);
+  return n;
 }
 
 export function requireRedisUrl(config: FleetConfig): string {
@@ -43,24 +56,4 @@ export async function connectProducer(url: string, connectionName = 'rf-cli'): P
     throw new UsageError(`cannot connect to Redis at ${url}: ${(lastError ?? (err as Error)).message}`);
   }
   return redis;
-}
-
-export function episodesQueue(redis: Redis, prefix: string): Queue {
-  return new Queue(EPISODES_QUEUE, { connection: redis, prefix });
-}
-
-export function flowProducer(redis: Redis, prefix: string): FlowProducer {
-  return new FlowProducer({ connection: redis, prefix });
-}
-
-/** Whether the engine has an image; undefined when the engine cannot be asked from here. */
-export function imageChecker(docker: Docker) {
-  return async (image: string): Promise<boolean | undefined> => {
-    try {
-      await docker.getImage(image).inspect();
-      return true;
-    } catch (err) {
-      return dockerStatusOf(err) === 404 ? false : undefined;
-    }
-  };
 }

@@ -5,7 +5,9 @@ import { FAILURE_KINDS, FailureKind } from '../errors/failure-kind.ts';
 import { cancelEpisode, waitForResult, type CancelOutcome } from '../producer/cancel-episodes.ts';
 import { retryByKind } from '../producer/retry-by-kind.ts';
 import { ResultsStore } from '../results/results-store.ts';
-import { UsageError, connectProducer, episodesQueue, requireRedisUrl, type Cli } from './context.ts';
+import { CANCEL_OPTIONS, COMMANDS, RETRY_OPTIONS, commandUsage } from './command-table.ts';
+import { UsageError, connectProducer, requireRedisUrl, type Cli } from './context.ts';
+import { episodesQueue } from './queue-clients.ts';
 
 /** Exit code of a cancel that met an episode already closing. */
 export const EXIT_CONFLICT = 3;
@@ -26,9 +28,9 @@ async function producerParts(cli: Cli) {
 }
 
 export async function cancelCommand(cli: Cli, args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { 'wait-ms': { type: 'string', default: '60000' } } });
+  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: CANCEL_OPTIONS });
   const target = positionals[0];
-  if (target === undefined || positionals.length > 1) throw new UsageError('usage: rollout-fleet cancel <episode-id|batch-id>');
+  if (target === undefined || positionals.length > 1) throw new UsageError(`expected one episode or batch id\n${commandUsage('cancel', COMMANDS.cancel)}`);
   const waitMs = Number(values['wait-ms']);
   if (!Number.isFinite(waitMs) || waitMs < 0) throw new UsageError(`--wait-ms: expected a number of milliseconds, got ${JSON.stringify(values['wait-ms'])}`);
   const parts = await producerParts(cli);
@@ -66,9 +68,9 @@ export async function cancelCommand(cli: Cli, args: string[]): Promise<number> {
 }
 
 export async function retryCommand(cli: Cli, args: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { kind: { type: 'string' } } });
+  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: RETRY_OPTIONS });
   const batchId = positionals[0];
-  if (batchId === undefined || values.kind === undefined) throw new UsageError(`usage: rollout-fleet retry <batch-id> --kind ${FAILURE_KINDS.join('|')}`);
+  if (batchId === undefined || positionals.length > 1 || values.kind === undefined) throw new UsageError(`expected one batch id and --kind\n${commandUsage('retry', COMMANDS.retry)}`);
   const parsedKind = FailureKind.safeParse(values.kind);
   if (!parsedKind.success) throw new UsageError(`--kind: expected one of ${FAILURE_KINDS.join(', ')}, got ${JSON.stringify(values.kind)}`);
   const kind = parsedKind.data;

@@ -6,6 +6,7 @@ import { parseArgs } from 'node:util';
 import type { FleetConfig } from '../config/config.ts';
 import type { Credentials } from '../dashboard/basic-auth.ts';
 import { startDashboard } from '../dashboard/dashboard-server.ts';
+import { DASHBOARD_OPTIONS } from './command-table.ts';
 import { UsageError, connectProducer, requireRedisUrl, type Cli } from './context.ts';
 
 /** The credentials to require, or undefined when --local-only allows none; throws when it does not. */
@@ -31,7 +32,7 @@ function port(value: string | undefined, fallback: number): number {
 }
 
 export async function dashboardCommand(cli: Cli, args: string[]): Promise<number> {
-  const { values } = parseArgs({ args, options: { port: { type: 'string' }, 'local-only': { type: 'boolean' } } });
+  const { values } = parseArgs({ args, options: DASHBOARD_OPTIONS });
   const { config, log } = cli;
   const localOnly = values['local-only'] === true;
   const credentials = dashboardCredentials(config, localOnly);

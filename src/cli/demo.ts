@@ -7,20 +7,24 @@ import { once } from 'node:events';
 import { createWriteStream } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { PACKAGE_ROOT, execArgvFor, siblingModule } from '../package-paths.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import { enqueueBatch } from '../producer/enqueue-batch.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { formatSummary } from '../results/batch-summary.ts';
 import { loadBatch } from '../tasks/load-task.ts';
 import { progressView, waitForBatch } from './progress.ts';
-import { UsageError, connectProducer, episodesQueue, flowProducer, imageChecker, type Cli } from './context.ts';
+import { COMMANDS } from './command-table.ts';
+import { UsageError, connectProducer, type Cli } from './context.ts';
+import { episodesQueue, flowProducer, imageChecker } from './queue-clients.ts';
 import { startPrivateRedis, type PrivateRedis } from './private-redis.ts';
 import { startModelStub, type ModelStub } from '../model/model-stub.ts';
 
-const BIN = fileURLToPath(new URL('./bin.js', import.meta.url));
-const DEMO_BATCH = fileURLToPath(new URL('../../examples/demo-batch.yaml', import.meta.url));
-const EXAMPLE_TASKS = fileURLToPath(new URL('../../examples/tasks', import.meta.url));
+/** The CLI this demo runs in: its workers run the same build (or the same sources, under tsx). */
+const BIN = siblingModule(import.meta.url, 'bin');
+const DEMO_BATCH = path.join(PACKAGE_ROOT, 'examples/demo-batch.yaml');
+const EXAMPLE_TASKS = path.join(PACKAGE_ROOT, 'examples/tasks');
 const DEMO_WORKERS = 2;
 
 async function poll(what: string, timeoutMs: number, check: () => Promise<boolean>): Promise<void> {
@@ -31,8 +35,10 @@ async function poll(what: string, timeoutMs: number, check: () => Promise<boolea
   }
 }
 
-export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
-  const { config, log, docker } = cli;
+export async function demoCommand(cli: Cli, args: string[]): Promise<number> {
+  parseArgs({ args, options: COMMANDS.demo.options });
+  const { config, log } = cli;
+  const docker = await cli.docker();
   await docker.ping().catch((err: unknown) => {
     throw new UsageError(`no Docker engine answers at ${config.DOCKER_HOST} (${(err as Error).message}); run \`npm run demo\`, which starts one`);
   });
@@ -55,7 +61,7 @@ export async function demoCommand(cli: Cli, _args: string[]): Promise<number> {
     for (let i = 0; i < DEMO_WORKERS; i++) {
       const logFile = createWriteStream(path.join(logDir, `demo-worker-${i}.log`));
       await once(logFile, 'open');
-      const child = spawn(process.execPath, [BIN, 'worker'], {
+      const child = spawn(process.execPath, [...execArgvFor(BIN), BIN, 'worker'], {
         env: { ...process.env, REDIS_URL: redisUrl, MODEL_BASE_URL: modelUrl, FLEET_DATA_DIR: config.FLEET_DATA_DIR, FLEET_WORKER_ID: `demo-worker-${i}` },
         stdio: ['ignore', logFile, logFile],
       });

@@ -1,56 +1,69 @@
-// Entry of the `rollout-fleet` CLI: dispatches to a command, turns known errors into a message and a
-// non-zero exit code.
-import { ConfigError } from '../config/config.ts';
-import { FleetError } from '../errors/fleet-error.ts';
-import { checkpointWriterCommand } from './checkpoint-writer-command.ts';
-import { enqueueCommand, resultsCommand, statusCommand, workerCommand } from './commands.ts';
-import { cancelCommand, retryCommand } from './control-commands.ts';
-import { UsageError, cliContext, type Cli } from './context.ts';
-import { dashboardCommand } from './dashboard-command.ts';
-import { demoCommand } from './demo.ts';
-import { modelStubCommand } from './model-stub-command.ts';
+// Entry of the `rollout-fleet` CLI: answers --help and --version, checks a command's options against
+// its entry in the command table, then loads only that command's code and runs it, turning known
+// errors into a message and a non-zero exit code. Neither the config nor Redis nor Docker is touched
+// before a command actually runs, so help works anywhere.
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { PACKAGE_ROOT } from '../package-paths.ts';
+import { USAGE, commandSpec, commandUsage } from './command-table.ts';
 
-const USAGE = `usage: rollout-fleet <command>
-  worker [--concurrency N]                 run episodes (and cleanup, checkpoint writing) until SIGTERM
-  checkpoint-writer [--concurrency N]      run only the checkpoint writer until SIGTERM
-  enqueue <batch.yaml> [--wait [--timeout-ms N]] [--json]
-                                           enqueue a batch; prints its id (exit 4: wait timed out)
-  status <batch-id> [--json]               counts by status, mean reward, done or not
-  results <batch-id> --format jsonl|csv    one result per line (or row)
-  cancel <episode-id|batch-id> [--wait-ms N]  cancel waiting and running episodes (exit 3: already closing)
-  retry <batch-id> --kind infra            re-enqueue only the episodes that failed with that kind
-  demo                                     run the example batch on a private Redis, print the summary
-  model-stub (--port N | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K]
-                                           [--fail-first N] [--delay-ms N]
-                                           the scripted policy server that stands in for a model
-  dashboard [--port N] [--local-only]      Bull Board, batch pages and /metrics (HTTP Basic auth)`;
+/** Exit code of a command line that cannot be run as written: unknown command or option, bad value. */
+export const EXIT_USAGE = 2;
 
-const COMMANDS: Record<string, (cli: Cli, args: string[]) => Promise<number>> = {
-  worker: workerCommand,
-  enqueue: enqueueCommand,
-  status: statusCommand,
-  results: resultsCommand,
-  demo: demoCommand,
-  cancel: cancelCommand,
-  retry: retryCommand,
-  'model-stub': modelStubCommand,
-  dashboard: dashboardCommand,
-  'checkpoint-writer': checkpointWriterCommand,
-};
+/** The version in this package's package.json. */
+export function packageVersion(): string {
+  const manifest: unknown = JSON.parse(readFileSync(path.join(PACKAGE_ROOT, 'package.json'), 'utf8'));
+  if (typeof manifest === 'object' && manifest !== null && 'version' in manifest && typeof manifest.version === 'string') return manifest.version;
+  throw new Error(`${path.join(PACKAGE_ROOT, 'package.json')} has no version`);
+}
+
+/** node:util parseArgs' errors (unknown option, missing value, unexpected argument). */
+function isParseArgsError(err: unknown): err is Error {
+  if (!(err instanceof Error)) return false;
+  const { code } = err as { code?: unknown };
+  return typeof code === 'string' && code.startsWith('ERR_PARSE_ARGS');
+}
 
 export async function main(argv: string[]): Promise<number> {
   const [name, ...args] = argv;
-  const command = name === undefined ? undefined : COMMANDS[name];
-  if (command === undefined) {
-    process.stderr.write(`${name === undefined || name === '--help' ? '' : `unknown command ${JSON.stringify(name)}\n`}${USAGE}\n`);
-    return name === '--help' ? 0 : 2;
+  if (name === '--help' || name === '-h') {
+    process.stdout.write(`${USAGE}\n`);
+    return 0;
+  }
+  if (name === '--version' || name === '-V') {
+    process.stdout.write(`${packageVersion()}\n`);
+    return 0;
+  }
+  const spec = name === undefined ? undefined : commandSpec(name);
+  if (name === undefined || spec === undefined) {
+    process.stderr.write(`${name === undefined ? '' : `unknown command ${JSON.stringify(name)}\n`}${USAGE}\n`);
+    return EXIT_USAGE;
+  }
+  let help: boolean;
+  try {
+    const { values } = parseArgs({ args, options: { ...spec.options, help: { type: 'boolean', short: 'h' } }, allowPositionals: spec.allowPositionals, strict: true });
+    help = values.help === true;
+  } catch (err) {
+    if (!isParseArgsError(err)) throw err;
+    process.stderr.write(`rollout-fleet ${name}: ${err.message}\n${commandUsage(name, spec)}\n`);
+    return EXIT_USAGE;
+  }
+  if (help) {
+    process.stdout.write(`${commandUsage(name, spec)}\n`);
+    return 0;
   }
   try {
-    return await command(cliContext(), args);
+    const [run, { cliContext }] = await Promise.all([spec.load(), import('./context.ts')]);
+    return await run(cliContext(), args);
   } catch (err) {
-    if (err instanceof ConfigError || err instanceof UsageError || err instanceof FleetError || (err as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {
+    // Imported only now: they load zod and the config schema, which --help need not.
+    const [{ ConfigError }, { FleetError }, { UsageError }] = await Promise.all([
+      import('../config/config.ts'), import('../errors/fleet-error.ts'), import('./context.ts'),
+    ]);
+    if (err instanceof ConfigError || err instanceof UsageError || err instanceof FleetError || isParseArgsError(err)) {
       process.stderr.write(`rollout-fleet ${name}: ${(err as Error).message}\n`);
-      return 2;
+      return EXIT_USAGE;
     }
     throw err;
   }

@@ -4,25 +4,13 @@ import { once } from 'node:events';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { startModelStub } from '../model/model-stub.ts';
+import { COMMANDS, MODEL_STUB_OPTIONS, commandUsage } from './command-table.ts';
 import { UsageError, type Cli } from './context.ts';
 
-const USAGE = 'usage: rollout-fleet model-stub (--port N [--host H] | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K] [--fail-first N] [--delay-ms N]';
+const USAGE = commandUsage('model-stub', COMMANDS['model-stub']);
 
 export async function modelStubCommand(cli: Cli, args: string[]): Promise<number> {
-  const { values } = parseArgs({
-    args,
-    options: {
-      port: { type: 'string' },
-      /** Address to listen on with --port. @default 127.0.0.1 */
-      host: { type: 'string', default: '127.0.0.1' },
-      socket: { type: 'string' },
-      tasks: { type: 'string' },
-      'wrong-fraction': { type: 'string' },
-      'require-key': { type: 'string' },
-      'fail-first': { type: 'string' },
-      'delay-ms': { type: 'string' },
-    },
-  });
+  const { values } = parseArgs({ args, options: MODEL_STUB_OPTIONS });
   if ((values.port === undefined) === (values.socket === undefined)) throw new UsageError(`give exactly one of --port and --socket\n${USAGE}`);
   if (values.tasks === undefined) throw new UsageError(`--tasks is required\n${USAGE}`);
   const port = values.port === undefined ? undefined : Number(values.port);

@@ -77,6 +77,11 @@ export class Deadline {
     return this.ctrl.signal;
   }
 
+  /** Time since the phase began. */
+  get elapsedMs(): number {
+    return Math.round(performance.now() - (this.endsAt - this.budgetMs));
+  }
+
   get remainingMs(): number {
     return Math.max(0, Math.round(this.endsAt - performance.now()));
   }

@@ -5,6 +5,7 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { EpisodeJob, EpisodeResult } from '../../queues/episodes/contract.ts';
 import type { AgentRun } from '../agent/agent.ts';
+import type { Deadline } from '../deadlines/deadline.ts';
 import type { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
 import type { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
 import type { FleetError } from '../errors/fleet-error.ts';
@@ -59,6 +60,8 @@ export interface EpisodeAttempt {
   attempt: number;
   /** Aborted with an EpisodeStop to cancel the episode or hand it back (drain). */
   signal: AbortSignal;
+  /** The set-up phase's deadline, started by the caller at pick-up; the caller disposes it. */
+  setUp: Deadline;
 }
 
 export interface EpisodeOutcome {

@@ -2,7 +2,6 @@
 // then close, each under its own deadline. Every failure becomes a result with a kind, or a retry.
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
 import type { AgentRun } from '../agent/agent.ts';
-import { Deadline } from '../deadlines/deadline.ts';
 import { stopOf } from '../errors/episode-stop.ts';
 import { toFleetError } from '../errors/fleet-error.ts';
 import type { ExecResult } from '../sandbox/sandbox-session.ts';
@@ -58,18 +57,16 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
   const { job, signal } = attempt;
   const { timings } = state;
 
-  const tSetup = performance.now();
-  const setUpDeadline = new Deadline('set-up', job.task.reserves.setupSec * 1000, signal);
   let session;
   let resume;
   try {
-    session = await setUp(attempt, deps, state, setUpDeadline);
+    session = await setUp(attempt, deps, state, attempt.setUp);
     // A retried llm episode continues from its latest durable checkpoint, workspace included.
-    resume = job.agent.kind === 'llm' ? await resumePoint(attempt, deps, session, state, setUpDeadline) : undefined;
+    resume = job.agent.kind === 'llm' ? await resumePoint(attempt, deps, session, state, attempt.setUp) : undefined;
   } finally {
-    setUpDeadline.dispose();
+    // From pick-up: the processor's Redis steps count against the reserve too.
+    timings.setupMs = attempt.setUp.elapsedMs;
   }
-  timings.setupMs = msSince(tSetup);
   deps.log.info({ containerId: state.containerId, setupMs: timings.setupMs, runtime: state.runtime?.generationId.slice(0, 12), warm: state.runtime?.warm }, 'sandbox ready');
 
   const agentRun = await runAgent(attempt, deps, session, state, resume);

@@ -2,7 +2,7 @@
 // executes plans (read, hash, pack); every decision (manifest, order, modes, id) is made in TypeScript
 // on the main thread. Each request carries its own MessagePort, so one thread serves any number.
 import type { MessagePort } from 'node:worker_threads';
-import type { UploadTarget } from '../sandbox/archive-upload.js';
+import type { UploadTarget } from '../sandbox/archive-upload.ts';
 
 /** Archive bytes the builder may send ahead of what the main thread's consumer took. */
 export const ARCHIVE_WINDOW_BYTES = 16 * 1024 * 1024;

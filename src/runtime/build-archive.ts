@@ -2,9 +2,9 @@
 // (build-off-thread.ts) by default; `onMainThread` runs the very same code here, for comparisons.
 import { PassThrough } from 'node:stream';
 import { FleetError } from '../errors/fleet-error.ts';
-import { hashFiles, writeArchive } from './archive-ops.js';
+import { hashFiles, writeArchive } from './archive-ops.ts';
 import type { FileSource } from './archive-protocol.ts';
-import type { UploadTarget } from '../sandbox/archive-upload.js';
+import type { UploadTarget } from '../sandbox/archive-upload.ts';
 import type { ArchiveSummary } from './archive-protocol.ts';
 import { archiveOffThread, hashFilesOffThread, uploadOffThread, type ArchiveStream } from './build-off-thread.ts';
 import { checkRuntimeInputs, type RuntimeInputs } from './runtime-inputs.ts';

@@ -3,12 +3,14 @@
 // back as a Readable fed by transferred (moved, not copied) chunks, acknowledged as it is consumed, so
 // a slow consumer (the Docker engine) holds the builder back instead of filling memory.
 import { Readable } from 'node:stream';
-import { MessageChannel, Worker, type MessagePort } from 'node:worker_threads';
+import { MessageChannel, type MessagePort, type Worker } from 'node:worker_threads';
 import { FleetError } from '../errors/fleet-error.ts';
-import type { UploadTarget } from '../sandbox/archive-upload.js';
+import { siblingModule, startThread } from '../package-paths.ts';
+import type { UploadTarget } from '../sandbox/archive-upload.ts';
 import type { ArchiveAck, ArchiveSummary, BuilderReply, BuilderRequest, FileDigest, FileSource, PlannedEntry } from './archive-protocol.ts';
 
-const WORKER_ENTRY = new URL('./archive-worker.js', import.meta.url);
+/** archive-worker.js beside the compiled build; archive-worker.ts under tsx and vitest. */
+const WORKER_ENTRY = siblingModule(import.meta.url, 'archive-worker');
 /** An idle builder thread is stopped after this long; the next build starts a new one. */
 const IDLE_STOP_MS = 60_000;
 
@@ -20,8 +22,8 @@ function builderThread(): Worker {
   if (idleTimer) clearTimeout(idleTimer);
   idleTimer = undefined;
   if (thread) return thread;
-  // No execArgv: the parent's `--import tsx` would start a loader thread in the worker too (0.3 s+).
-  const worker = new Worker(WORKER_ENTRY, { name: 'runtime-builder', execArgv: [] });
+  // Not the parent's execArgv: a parent run through tsx would start a loader thread in it too (0.3 s+).
+  const worker = startThread(WORKER_ENTRY, { name: 'runtime-builder' });
   worker.unref();
   const forget = () => {
     if (thread === worker) thread = undefined;

@@ -4,7 +4,7 @@
 import type { Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
-import type { EngineAddress, UploadTarget } from './archive-upload.js';
+import type { EngineAddress, UploadTarget } from './archive-upload.ts';
 import { dockerCall, dockerStatusOf, type CallOptions } from './docker-client.ts';
 import { removeContainer } from './sandbox-session.ts';
 

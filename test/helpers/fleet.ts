@@ -21,7 +21,8 @@ import { ResultsStore } from '../../src/results/results-store.ts';
 import { startWorker, type WorkerHandle, type WorkerOptions } from '../../src/cli/worker-process.ts';
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-export const BIN = path.join(ROOT, 'src/cli/bin.js');
+/** The compiled CLI, as installed (test/helpers/build-dist.ts brings it up to date). */
+export const BIN = path.join(ROOT, 'dist/src/cli/bin.js');
 export const EXAMPLES = path.join(ROOT, 'examples');
 export const docker = createDocker(process.env.DOCKER_HOST ?? 'unix:///var/run/docker.sock');
 export const silentLog = pino({ level: process.env.TEST_LOG_LEVEL ?? 'silent' });

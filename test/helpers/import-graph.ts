@@ -22,19 +22,25 @@ function listSources(dir: string): string[] {
   });
 }
 
+export interface ImportSpecifier {
+  specifier: string;
+  /** A lazy `import('...')`, evaluated when that code runs, after every module has loaded. */
+  dynamic: boolean;
+}
+
 /**
  * Every module specifier of a file: static imports and re-exports (type-only ones included: a type
  * cycle is still a design cycle) and dynamic `import('...')` with a literal argument.
  */
-export function importSpecifiers(file: string, text: string): string[] {
+export function importSpecifiers(file: string, text: string): ImportSpecifier[] {
   const source = ts.createSourceFile(file, text, ts.ScriptTarget.Latest, false);
-  const found: string[] = [];
+  const found: ImportSpecifier[] = [];
   const visit = (node: ts.Node): void => {
     if ((ts.isImportDeclaration(node) || ts.isExportDeclaration(node)) && node.moduleSpecifier && ts.isStringLiteral(node.moduleSpecifier)) {
-      found.push(node.moduleSpecifier.text);
+      found.push({ specifier: node.moduleSpecifier.text, dynamic: false });
     } else if (ts.isCallExpression(node) && node.expression.kind === ts.SyntaxKind.ImportKeyword) {
       const [arg] = node.arguments;
-      if (arg && ts.isStringLiteralLike(arg)) found.push(arg.text);
+      if (arg && ts.isStringLiteralLike(arg)) found.push({ specifier: arg.text, dynamic: true });
     }
     ts.forEachChild(node, visit);
   };
@@ -42,15 +48,25 @@ export function importSpecifiers(file: string, text: string): string[] {
   return found;
 }
 
+export interface ImportGraphOptions {
+  /**
+   * Count lazy `import('...')` as edges too. Off by default: a cycle through a lazy import cannot meet
+   * a half-initialised module (the CLI's command table loads each command that way, and the command
+   * reads its options back from the table).
+   * @default false
+   */
+  dynamic?: boolean;
+}
+
 /** The graph of the sources under `roots` (repository-relative folders); only relative imports are edges. */
-export function importGraph(roots: readonly string[]): ImportGraph {
+export function importGraph(roots: readonly string[], opts: ImportGraphOptions = {}): ImportGraph {
   const graph: ImportGraph = new Map();
   for (const root of roots) {
     for (const full of listSources(path.join(REPO_ROOT, root))) {
       const from = path.relative(REPO_ROOT, full).split(path.sep).join('/');
       const targets = importSpecifiers(full, readFileSync(full, 'utf8'))
-        .filter((s) => s.startsWith('.'))
-        .map((s) => path.posix.normalize(path.posix.join(path.posix.dirname(from), s)));
+        .filter(({ specifier, dynamic }) => specifier.startsWith('.') && (opts.dynamic === true || !dynamic))
+        .map(({ specifier }) => path.posix.normalize(path.posix.join(path.posix.dirname(from), specifier)));
       graph.set(from, [...new Set(targets)]);
     }
   }
@@ -110,10 +126,10 @@ export function folderGraph(graph: ImportGraph): Map<string, string[]> {
   return new Map([...folders].map(([f, out]) => [f, [...out].sort()]));
 }
 
-// Run directly: print the file and folder cycles of src/ and queues/; with --edges, every import that
-// crosses a folder too (to see which files make a folder cycle).
+// Run directly: print the file and folder cycles of src/ and queues/ (with --dynamic, lazy imports
+// count too); with --edges, every import that crosses a folder (to see which files make a folder cycle).
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  const graph = importGraph(['src', 'queues']);
+  const graph = importGraph(['src', 'queues'], { dynamic: process.argv.includes('--dynamic') });
   const fileCycles = findCycles(graph);
   process.stdout.write(`file cycles: ${fileCycles.length}\n`);
   for (const c of fileCycles) process.stdout.write(`  ${c.join(' -> ')}\n`);

@@ -1,7 +1,8 @@
 // The shape of the code, checked on every run: no file of src/ or queues/ reaches itself through its
-// imports (type-only and dynamic imports included), queue contracts stand on leaves only, and the
-// layers below the composition root do not reach up into queue processors or contracts they must not
-// know. A new cycle or a wrong-way import fails here, naming the files.
+// static imports (type-only ones included; lazy `import()` is not counted, see import-graph.ts), queue
+// contracts stand on leaves only, and the layers below the composition root do not reach up into
+// queue processors or contracts they must not know. A new cycle or a wrong-way import fails here,
+// naming the files.
 import { describe, expect, it } from 'vitest';
 import { findCycles, importGraph } from '../helpers/import-graph.ts';
 

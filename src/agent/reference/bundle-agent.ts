@@ -4,19 +4,19 @@
 import { createHash } from 'node:crypto';
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { build } from 'esbuild';
 import { exists, publishOnce } from '../../files/atomic-write.ts';
+import { PACKAGE_ROOT, siblingModule } from '../../package-paths.ts';
 
-const ENTRY = fileURLToPath(new URL('./agent-main.ts', import.meta.url));
-/** Paths in the bundle's comments are relative to this, so the bytes do not depend on the cwd. */
-const REPO_ROOT = fileURLToPath(new URL('../../..', import.meta.url));
+/** agent-main.ts from the sources, its compiled agent-main.js from dist/ (a different bundle, so a different generation). */
+const ENTRY = siblingModule(import.meta.url, 'agent-main');
 
 /** Write the bundle into `dir` as reference-agent-<hash>.mjs (once) and return its path. */
 export async function bundleReferenceAgent(dir: string): Promise<string> {
   const result = await build({
     entryPoints: [ENTRY],
-    absWorkingDir: REPO_ROOT,
+    // Paths in the bundle's comments are relative to this, so the bytes do not depend on the cwd.
+    absWorkingDir: PACKAGE_ROOT,
     bundle: true,
     platform: 'node',
     format: 'esm',

@@ -1,55 +1,36 @@
-// @ts-check
 // The runtime builder thread: serves hash, upload and archive requests, each on its own MessagePort.
 // An upload streams the archive from here straight to the engine (the main thread never sees a byte).
 // An archive goes back to the main thread chunk by chunk, each chunk's memory transferred (moved, not
-// copied), at most 16 MiB ahead of what the main thread's consumer took, so a slow consumer holds the
-// builder back. Copying instead (into pooled or fresh buffers, then out again) tripled the CPU cost.
+// copied), at most ARCHIVE_WINDOW_BYTES ahead of what the main thread's consumer took, so a slow
+// consumer holds the builder back. Copying instead (into pooled or fresh buffers, then out again)
+// tripled the CPU cost. Started by build-off-thread.ts; compiled, it loads no TypeScript tooling.
 import { PassThrough, Writable } from 'node:stream';
-import { parentPort } from 'node:worker_threads';
-import { uploadArchive } from '../sandbox/archive-upload.js';
-import { hashFiles, writeArchive } from './archive-ops.js';
+import { parentPort, type MessagePort } from 'node:worker_threads';
+import { uploadArchive } from '../sandbox/archive-upload.ts';
+import { hashFiles, writeArchive } from './archive-ops.ts';
+import { ARCHIVE_WINDOW_BYTES, type ArchiveAck, type BuilderReply, type BuilderRequest } from './archive-protocol.ts';
 
-/** @typedef {import('./archive-protocol.ts').BuilderRequest} BuilderRequest */
-/** @typedef {import('./archive-protocol.ts').BuilderReply} BuilderReply */
-/** @typedef {import('./archive-protocol.ts').ArchiveAck} ArchiveAck */
-/** @typedef {import('node:worker_threads').MessagePort} MessagePort */
-
-/** Keep in step with ARCHIVE_WINDOW_BYTES in archive-protocol.ts (this thread cannot load TypeScript). */
-const WINDOW_BYTES = 16 * 1024 * 1024;
-
-/**
- * @param {MessagePort} port
- * @param {BuilderReply} reply
- * @param {ArrayBuffer[]} [transfer]
- */
-const send = (port, reply, transfer) => port.postMessage(reply, transfer);
+const send = (port: MessagePort, reply: BuilderReply, transfer?: ArrayBuffer[]) => port.postMessage(reply, transfer);
 
 /**
  * The chunk's memory as an ArrayBuffer this thread may give away. File data arrives in buffers of its
  * own (fs read streams allocate one per read, and nothing upstream keeps it once passed on); small
  * chunks (tar headers, padding, inline files) may share a pool slab with other buffers: those are copied.
- * @param {Buffer} chunk
- * @returns {ArrayBuffer}
  */
-function movable(chunk) {
+function movable(chunk: Buffer): ArrayBuffer {
   const whole = chunk.byteOffset === 0 && chunk.byteLength === chunk.buffer.byteLength && chunk.buffer instanceof ArrayBuffer;
-  if (whole && chunk.byteLength >= 64 * 1024) return /** @type {ArrayBuffer} */ (chunk.buffer);
+  if (whole && chunk.byteLength >= 64 * 1024) return chunk.buffer;
   const copy = new ArrayBuffer(chunk.byteLength);
   new Uint8Array(copy).set(chunk);
   return copy;
 }
 
-/**
- * @param {MessagePort} port
- * @param {AbortController} cancel
- */
-function portSink(port, cancel) {
+function portSink(port: MessagePort, cancel: AbortController): Writable {
   let inflight = 0;
-  /** @type {(() => void) | undefined} */
-  let blocked;
-  port.on('message', (/** @type {ArchiveAck} */ msg) => {
+  let blocked: (() => void) | undefined;
+  port.on('message', (msg: ArchiveAck) => {
     inflight -= msg.bytes;
-    if (blocked && inflight < WINDOW_BYTES) {
+    if (blocked && inflight < ARCHIVE_WINDOW_BYTES) {
       const resume = blocked;
       blocked = undefined;
       resume();
@@ -59,18 +40,17 @@ function portSink(port, cancel) {
   port.once('close', () => cancel.abort(new Error('the archive consumer went away')));
   return new Writable({
     highWaterMark: 1024 * 1024,
-    write(/** @type {Buffer} */ chunk, _enc, cb) {
+    write(chunk: Buffer, _enc, cb) {
       const buffer = movable(chunk);
       inflight += buffer.byteLength;
       send(port, { type: 'data', buffer }, [buffer]);
-      if (inflight < WINDOW_BYTES) cb();
+      if (inflight < ARCHIVE_WINDOW_BYTES) cb();
       else blocked = () => cb();
     },
   });
 }
 
-/** @param {BuilderRequest} request */
-async function serve(request) {
+async function serve(request: BuilderRequest): Promise<void> {
   const { port } = request;
   try {
     if (request.op === 'hash') {
@@ -95,11 +75,11 @@ async function serve(request) {
       send(port, { type: 'end', summary });
     }
   } catch (err) {
-    const statusCode = /** @type {{ statusCode?: number }} */ (err).statusCode;
+    const { statusCode } = err as { statusCode?: number };
     send(port, { type: 'error', message: err instanceof Error ? err.message : String(err), statusCode });
   } finally {
     port.close();
   }
 }
 
-parentPort?.on('message', (/** @type {BuilderRequest} */ request) => void serve(request));
+parentPort?.on('message', (request: BuilderRequest) => void serve(request));

@@ -1,8 +1,7 @@
-// @ts-check
 // The runtime builder's two operations, streaming with flat memory: hash files (two reused 1 MiB
 // buffers, the next read in flight while the last one is hashed) and write a planned tar with
-// tar-stream. Plain JavaScript (type-checked through JSDoc) because it runs in a worker thread, where a
-// tsx loader would cost 0.3-0.7 s per thread start on these machines.
+// tar-stream. They run in the builder thread (archive-worker.ts), which runs compiled JavaScript
+// (see build-off-thread.ts), so it imports only node: modules, tar-stream and types.
 //
 // A file must not change between hashing and archiving, or the archive would not match its generation
 // id. Both steps record the file's stat identity (device, inode, size, mtime, ctime in ns; what make and
@@ -15,42 +14,27 @@ import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import tar from 'tar-stream';
 
-/** @typedef {import('./archive-protocol.ts').FileSource} FileSource */
-/** @typedef {import('./archive-protocol.ts').FileDigest} FileDigest */
-/** @typedef {import('./archive-protocol.ts').PlannedEntry} PlannedEntry */
-/** @typedef {import('./archive-protocol.ts').ArchiveSummary} ArchiveSummary */
+import type { ArchiveSummary, FileDigest, FileSource, PlannedEntry } from './archive-protocol.ts';
 
 const READ_CHUNK_BYTES = 1024 * 1024;
 
 /** Root owns everything and every timestamp is the epoch: only names, modes and bytes reach the archive. */
 const FIXED_HEADER = { mtime: new Date(0), uid: 0, gid: 0, uname: '', gname: '' };
 
-/**
- * A file's stat identity (symlinks followed): any write or replacement changes it.
- * @param {string} file
- * @returns {Promise<string>}
- */
-export async function fileIdentity(file) {
+/** A file's stat identity (symlinks followed): any write or replacement changes it. */
+export async function fileIdentity(file: string): Promise<string> {
   const st = await stat(file, { bigint: true });
   return `${st.dev}:${st.ino}:${st.size}:${st.mtimeNs}:${st.ctimeNs}`;
 }
 
-/** @param {string} name */
-const changed = (name) => new Error(`${name} changed while its generation was being built; its archive would not match its id`);
+const changed = (name: string) => new Error(`${name} changed while its generation was being built; its archive would not match its id`);
 
-/**
- * @param {string} source
- * @param {[Buffer, Buffer]} bufs
- * @param {AbortSignal | undefined} signal
- * @returns {Promise<FileDigest>}
- */
-async function hashSource(source, bufs, signal) {
+async function hashSource(source: string, bufs: [Buffer, Buffer], signal: AbortSignal | undefined): Promise<FileDigest> {
   const hash = createHash('sha256');
   let size = 0;
   const identity = await fileIdentity(source);
   const fh = await open(source, 'r');
-  /** @type {Promise<{ bytesRead: number }> | undefined} */
-  let next;
+  let next: Promise<{ bytesRead: number }> | undefined;
   try {
     let [full, spare] = bufs;
     next = fh.read(full, 0, READ_CHUNK_BYTES, null);
@@ -72,16 +56,10 @@ async function hashSource(source, bufs, signal) {
   return { size, sha256: hash.digest('hex'), identity };
 }
 
-/**
- * Size, sha256 and (for host files) stat identity of each file, in order.
- * @param {FileSource[]} files
- * @param {AbortSignal} [signal]
- * @returns {Promise<FileDigest[]>}
- */
-export async function hashFiles(files, signal) {
-  /** @type {[Buffer, Buffer]} */
-  const bufs = [Buffer.allocUnsafe(READ_CHUNK_BYTES), Buffer.allocUnsafe(READ_CHUNK_BYTES)];
-  const digests = [];
+/** Size, sha256 and (for host files) stat identity of each file, in order. */
+export async function hashFiles(files: FileSource[], signal?: AbortSignal): Promise<FileDigest[]> {
+  const bufs: [Buffer, Buffer] = [Buffer.allocUnsafe(READ_CHUNK_BYTES), Buffer.allocUnsafe(READ_CHUNK_BYTES)];
+  const digests: FileDigest[] = [];
   for (const file of files) {
     if ('content' in file) {
       const bytes = Buffer.from(file.content, 'utf8');
@@ -92,21 +70,17 @@ export async function hashFiles(files, signal) {
       digests.push(await hashSource(file.source, bufs, signal));
     } catch (err) {
       if (signal?.aborted) throw err;
-      throw new Error(`cannot read ${file.source}: ${/** @type {Error} */ (err).message}`, { cause: err });
+      throw new Error(`cannot read ${file.source}: ${(err as Error).message}`, { cause: err });
     }
   }
   return digests;
 }
 
-/**
- * Counts a file's bytes on their way into the archive and fails on any other size than planned.
- * @param {string} name
- * @param {number} size
- */
-function sized(name, size) {
+/** Counts a file's bytes on their way into the archive and fails on any other size than planned. */
+function sized(name: string, size: number): Transform {
   let seen = 0;
   return new Transform({
-    transform(/** @type {Buffer} */ chunk, _enc, cb) {
+    transform(chunk: Buffer, _enc, cb) {
       seen += chunk.length;
       cb(seen > size ? changed(name) : null, chunk);
     },
@@ -116,20 +90,18 @@ function sized(name, size) {
   });
 }
 
-/**
- * Write the planned entries as one tar to `sink`; with `digest`, also the archive's sha256.
- * @param {PlannedEntry[]} entries
- * @param {NodeJS.WritableStream} sink
- * @param {{ digest?: boolean, signal?: AbortSignal }} [opts]
- * @returns {Promise<ArchiveSummary>}
- */
-export async function writeArchive(entries, sink, opts = {}) {
+/** Write the planned entries as one tar to `sink`; with `digest`, also the archive's sha256. */
+export async function writeArchive(
+  entries: PlannedEntry[],
+  sink: NodeJS.WritableStream,
+  opts: { digest?: boolean; signal?: AbortSignal | undefined } = {},
+): Promise<ArchiveSummary> {
   const { signal } = opts;
   const pack = tar.pack();
   const archiveHash = opts.digest ? createHash('sha256') : undefined;
   let bytes = 0;
   const tap = new Transform({
-    transform(/** @type {Buffer} */ chunk, _enc, cb) {
+    transform(chunk: Buffer, _enc, cb) {
       archiveHash?.update(chunk);
       bytes += chunk.length;
       cb(null, chunk);
@@ -144,7 +116,7 @@ export async function writeArchive(entries, sink, opts = {}) {
       } else if ('content' in entry) {
         const content = Buffer.from(entry.content, 'utf8');
         if (content.length !== entry.size || createHash('sha256').update(content).digest('hex') !== entry.sha256) throw changed(entry.name);
-        await new Promise((resolve, reject) => pack.entry({ ...header, type: 'file', size: entry.size }, content, (err) => (err ? reject(err) : resolve(undefined))));
+        await new Promise<void>((resolve, reject) => pack.entry({ ...header, type: 'file', size: entry.size }, content, (err) => (err ? reject(err) : resolve())));
       } else {
         if ((await fileIdentity(entry.source)) !== entry.identity) throw changed(entry.name);
         const source = createReadStream(entry.source, { highWaterMark: READ_CHUNK_BYTES });
@@ -157,7 +129,7 @@ export async function writeArchive(entries, sink, opts = {}) {
   try {
     await Promise.all([fill(), written]);
   } catch (err) {
-    pack.destroy(/** @type {Error} */ (err));
+    pack.destroy(err as Error);
     throw err;
   }
   return { bytes, sha256: archiveHash?.digest('hex') };

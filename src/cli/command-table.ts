@@ -1,0 +1,186 @@
+// The CLI's commands as data: each one's synopsis, help text and options, and a loader that imports
+// its code only when it runs. Kept free of runtime imports (types only), so `--help`, `--version` and
+// a mistyped option answer without loading BullMQ, dockerode, zod or the config.
+import type { ParseArgsConfig } from 'node:util';
+import type { Cli } from './context.ts';
+
+export type CommandOptions = NonNullable<ParseArgsConfig['options']>;
+export type CommandRun = (cli: Cli, args: string[]) => Promise<number>;
+
+export interface CommandSpec {
+  /** What follows the command's name on its usage line. */
+  synopsis: string;
+  /** One line for the overall usage. */
+  summary: string;
+  /** For the command's own --help: what it does and its exit codes, if more than the summary says. */
+  about: string;
+  /** For the command's own --help: one line per option (--help is added). */
+  optionHelp: string;
+  /** Parsed by main (to find --help and refuse unknown options) and again by the command. */
+  options: CommandOptions;
+  allowPositionals: boolean;
+  load(): Promise<CommandRun>;
+}
+
+const noOptions = {} as const satisfies CommandOptions;
+
+export const WORKER_OPTIONS = { concurrency: { type: 'string' } } as const satisfies CommandOptions;
+export const CHECKPOINT_WRITER_OPTIONS = { concurrency: { type: 'string' } } as const satisfies CommandOptions;
+export const ENQUEUE_OPTIONS = { wait: { type: 'boolean' }, json: { type: 'boolean' }, 'timeout-ms': { type: 'string' } } as const satisfies CommandOptions;
+export const STATUS_OPTIONS = { json: { type: 'boolean' } } as const satisfies CommandOptions;
+export const RESULTS_OPTIONS = { format: { type: 'string', default: 'jsonl' } } as const satisfies CommandOptions;
+export const CANCEL_OPTIONS = { 'wait-ms': { type: 'string', default: '60000' } } as const satisfies CommandOptions;
+export const RETRY_OPTIONS = { kind: { type: 'string' } } as const satisfies CommandOptions;
+export const DASHBOARD_OPTIONS = { port: { type: 'string' }, 'local-only': { type: 'boolean' } } as const satisfies CommandOptions;
+export const MODEL_STUB_OPTIONS = {
+  port: { type: 'string' },
+  /** Address to listen on with --port. @default 127.0.0.1 */
+  host: { type: 'string', default: '127.0.0.1' },
+  socket: { type: 'string' },
+  tasks: { type: 'string' },
+  'wrong-fraction': { type: 'string' },
+  'require-key': { type: 'string' },
+  'fail-first': { type: 'string' },
+  'delay-ms': { type: 'string' },
+} as const satisfies CommandOptions;
+
+export const COMMANDS = {
+  worker: {
+    synopsis: '[--concurrency N]',
+    summary: 'run episodes (and cleanup, checkpoint writing) until SIGTERM',
+    about: `Pulls episode jobs from REDIS_URL and runs each in its own Docker sandbox; SIGTERM or SIGINT
+drains it (running episodes are handed over) and it exits 0.`,
+    optionHelp: `  --concurrency N   episodes at once (default: FLEET_WORKER_CONCURRENCY)`,
+    options: WORKER_OPTIONS,
+    allowPositionals: false,
+    load: async () => (await import('./worker-command.ts')).workerCommand,
+  },
+  'checkpoint-writer': {
+    synopsis: '[--concurrency N]',
+    summary: 'run only the checkpoint writer until SIGTERM',
+    about: `Persists checkpoints from the checkpoints queue under FLEET_DATA_DIR (workers run one too).`,
+    optionHelp: `  --concurrency N   checkpoints written at once (default: FLEET_CHECKPOINT_WRITER_CONCURRENCY)`,
+    options: CHECKPOINT_WRITER_OPTIONS,
+    allowPositionals: false,
+    load: async () => (await import('./checkpoint-writer-command.ts')).checkpointWriterCommand,
+  },
+  enqueue: {
+    synopsis: '<batch.yaml> [--wait [--timeout-ms N]] [--json]',
+    summary: 'enqueue a batch; prints its id (exit 4: wait timed out)',
+    about: `Validates the batch file and its tasks, then enqueues every episode; the same batch again adds nothing.`,
+    optionHelp: `  --wait            show progress until every episode has a result, then print the summary
+  --timeout-ms N    with --wait: give up waiting after N ms (exit 4; the batch goes on)
+  --json            print JSON instead of text`,
+    options: ENQUEUE_OPTIONS,
+    allowPositionals: true,
+    load: async () => (await import('./enqueue-command.ts')).enqueueCommand,
+  },
+  status: {
+    synopsis: '<batch-id> [--json]',
+    summary: 'counts by status, mean reward, done or not',
+    about: `Prints a batch's summary: counts by status and failure kind, reward, pass@k, p50/p95, tokens.`,
+    optionHelp: `  --json            print the summary as JSON`,
+    options: STATUS_OPTIONS,
+    allowPositionals: true,
+    load: async () => (await import('./status-command.ts')).statusCommand,
+  },
+  results: {
+    synopsis: '<batch-id> --format jsonl|csv',
+    summary: 'one result per line (or row)',
+    about: `Prints every episode result of a batch recorded so far.`,
+    optionHelp: `  --format F        jsonl (default) or csv`,
+    options: RESULTS_OPTIONS,
+    allowPositionals: true,
+    load: async () => (await import('./results-command.ts')).resultsCommand,
+  },
+  cancel: {
+    synopsis: '<episode-id|batch-id> [--wait-ms N]',
+    summary: 'cancel waiting and running episodes',
+    about: `Cancels one episode, or every episode of a batch: waiting ones at once, running ones through
+their worker (evidence is kept). Exit 3 when an episode was already closing (it ends as it would have).`,
+    optionHelp: `  --wait-ms N       how long to wait for a running episode's result (default 60000)`,
+    options: CANCEL_OPTIONS,
+    allowPositionals: true,
+    load: async () => (await import('./control-commands.ts')).cancelCommand,
+  },
+  retry: {
+    synopsis: '<batch-id> --kind infra',
+    summary: 're-enqueue only the episodes that failed with that kind',
+    about: ``,
+    optionHelp: `  --kind K          infra, model, agent, verifier or invalid`,
+    options: RETRY_OPTIONS,
+    allowPositionals: true,
+    load: async () => (await import('./control-commands.ts')).retryCommand,
+  },
+  demo: {
+    synopsis: '',
+    summary: 'run the example batch on a private Redis, print the summary',
+    about: `Starts a private redis-server (unless REDIS_URL is set), the scripted policy server (unless
+MODEL_BASE_URL is set) and two worker processes, enqueues examples/demo-batch.yaml, waits for its
+summary and for every sandbox to be removed, and stops what it started. Needs a Docker engine.`,
+    optionHelp: ``,
+    options: noOptions,
+    allowPositionals: false,
+    load: async () => (await import('./demo.ts')).demoCommand,
+  },
+  'model-stub': {
+    synopsis: `(--port N [--host H] | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K]
+                                           [--fail-first N] [--delay-ms N]`,
+    summary: 'the scripted policy server that stands in for a model',
+    about: `Serves chat completions that solve the tasks under DIR with their solution/; prints its base URL
+(or unix:PATH) and runs until SIGTERM.`,
+    optionHelp: `  --port N          listen on this TCP port (0: any free one)
+  --host H          with --port: the address to listen on (default 127.0.0.1)
+  --socket PATH     listen on a Unix socket instead
+  --tasks DIR       the task folders whose solutions it plays
+  --wrong-fraction F  share of episodes (0 to 1, by episode id) finished without solving
+  --require-key K   answer 401 without "Authorization: Bearer K"
+  --fail-first N    answer 503 to the first N chat calls of each episode
+  --delay-ms N      answer each chat call after N ms`,
+    options: MODEL_STUB_OPTIONS,
+    allowPositionals: false,
+    load: async () => (await import('./model-stub-command.ts')).modelStubCommand,
+  },
+  dashboard: {
+    synopsis: '[--port N] [--local-only]',
+    summary: 'Bull Board, batch pages and /metrics (HTTP Basic auth)',
+    about: `Needs FLEET_DASHBOARD_USER and FLEET_DASHBOARD_PASSWORD, unless --local-only.`,
+    optionHelp: `  --port N          listen on this port (default: FLEET_DASHBOARD_PORT)
+  --local-only      serve 127.0.0.1 only, without authentication`,
+    options: DASHBOARD_OPTIONS,
+    allowPositionals: false,
+    load: async () => (await import('./dashboard-command.ts')).dashboardCommand,
+  },
+} as const satisfies Record<string, CommandSpec>;
+
+export type CommandName = keyof typeof COMMANDS;
+
+export function commandSpec(name: string): CommandSpec | undefined {
+  return Object.hasOwn(COMMANDS, name) ? COMMANDS[name as CommandName] : undefined;
+}
+
+const COLUMN = 43;
+
+export const USAGE = `usage: rollout-fleet <command> [options]    (rollout-fleet <command> --help for its own)
+${Object.entries(COMMANDS).map(([name, spec]) => {
+  const head = `  ${name}${spec.synopsis ? ` ${spec.synopsis}` : ''}`;
+  // A long synopsis (or its last line) gets the summary on the next line, as it reads better than wrapping.
+  const lastLine = head.split('\n').at(-1) ?? head;
+  return lastLine.length < COLUMN - 1 ? `${head}${' '.repeat(COLUMN - lastLine.length)}${spec.summary}` : `${head}\n${' '.repeat(COLUMN)}${spec.summary}`;
+}).join('\n')}
+  --help, -h                               this text
+  --version, -V                            the version of rollout-fleet`;
+
+/** A command's own --help text. */
+export function commandUsage(name: string, spec: CommandSpec): string {
+  const synopsis = spec.synopsis.replace(/\s*\n\s*/g, ' ');
+  return [
+    `usage: rollout-fleet ${name}${synopsis ? ` ${synopsis}` : ''}`,
+    '',
+    `${spec.summary[0]?.toUpperCase()}${spec.summary.slice(1)}.${spec.about ? `\n${spec.about}` : ''}`,
+    '',
+    'options:',
+    ...(spec.optionHelp ? [spec.optionHelp] : []),
+    '  --help, -h        print this help',
+  ].join('\n');
+}

@@ -1,0 +1,42 @@
+// `rollout-fleet enqueue <batch.yaml>`: validate a batch and enqueue its episodes; with --wait, follow
+// its progress and print the summary.
+import { parseArgs } from 'node:util';
+import { enqueueBatch } from '../producer/enqueue-batch.ts';
+import { formatSummary } from '../results/batch-summary.ts';
+import { ResultsStore } from '../results/results-store.ts';
+import { loadBatch } from '../tasks/load-task.ts';
+import { COMMANDS, ENQUEUE_OPTIONS, commandUsage } from './command-table.ts';
+import { UsageError, connectProducer, positiveOption, requireRedisUrl, type Cli } from './context.ts';
+import { progressView, waitForBatch } from './progress.ts';
+import { episodesQueue, flowProducer, imageChecker } from './queue-clients.ts';
+
+export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: ENQUEUE_OPTIONS });
+  const file = positionals[0];
+  if (file === undefined || positionals.length > 1) throw new UsageError(`expected one batch file\n${commandUsage('enqueue', COMMANDS.enqueue)}`);
+  const timeoutMs = positiveOption('timeout-ms', values['timeout-ms']) ?? Infinity;
+  const { config } = cli;
+  const docker = await cli.docker();
+  const loaded = await loadBatch(file);
+  const redis = await connectProducer(requireRedisUrl(config));
+  const flows = flowProducer(redis, config.FLEET_PREFIX);
+  const queue = episodesQueue(redis, config.FLEET_PREFIX);
+  try {
+    const results = new ResultsStore(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR);
+    const plan = await enqueueBatch(loaded, { flows, redis, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker) });
+    if (!plan.added) process.stderr.write(`batch ${plan.batchId} was enqueued before; nothing added\n`);
+    if (!values.wait) {
+      process.stdout.write(values.json ? `${JSON.stringify({ batchId: plan.batchId, episodes: plan.jobs.length, added: plan.added })}\n` : `${plan.batchId}\n`);
+      return 0;
+    }
+    const summary = await waitForBatch(results, queue, plan.batchId, progressView(process.stderr), timeoutMs);
+    process.stdout.write(values.json ? `${JSON.stringify(summary)}\n` : `${formatSummary(summary)}\n`);
+    // Exit 4: the wait timed out before every episode had a result (the batch goes on).
+    return summary.finished ? 0 : 4;
+  } finally {
+    await flows.close();
+    await queue.close();
+    await redis.quit();
+  }
+}
+

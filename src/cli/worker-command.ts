@@ -1,0 +1,53 @@
+// `rollout-fleet worker`: run episodes (and cleanup, checkpoint writing) until SIGTERM or SIGINT,
+// then drain: running episodes are handed to other workers, and it exits 0.
+import { once } from 'node:events';
+import { parseArgs } from 'node:util';
+import type { FleetConfig } from '../config/config.ts';
+import type { ModelSettings } from '../episode/episode-attempt.ts';
+import { startWorker } from './worker-process.ts';
+import { WORKER_OPTIONS } from './command-table.ts';
+import { positiveOption, requireRedisUrl, type Cli } from './context.ts';
+
+export function modelSettings(config: FleetConfig, baseUrl: string): ModelSettings {
+  return {
+    baseUrl,
+    apiKey: config.MODEL_API_KEY,
+    name: config.MODEL_NAME,
+    maxCalls: config.MODEL_MAX_CALLS,
+    maxTokens: config.MODEL_MAX_TOKENS,
+    requestTimeoutMs: config.MODEL_REQUEST_TIMEOUT_MS,
+    upstreamRetries: config.MODEL_UPSTREAM_RETRIES,
+  };
+}
+
+export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
+  const { values } = parseArgs({ args, options: WORKER_OPTIONS });
+  const { config, log } = cli;
+  const docker = await cli.docker();
+  const handle = await startWorker({
+    redisUrl: requireRedisUrl(config),
+    prefix: config.FLEET_PREFIX,
+    dataDir: config.FLEET_DATA_DIR,
+    docker,
+    log,
+    workerId: config.FLEET_WORKER_ID,
+    concurrency: positiveOption('concurrency', values.concurrency) ?? config.FLEET_WORKER_CONCURRENCY,
+    callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS,
+    outputCapBytes: config.FLEET_OUTPUT_CAP_BYTES,
+    leaseTtlMs: config.FLEET_LEASE_TTL_MS,
+    reaperIntervalMs: config.FLEET_REAPER_INTERVAL_MS,
+    lockDurationMs: config.FLEET_LOCK_DURATION_MS,
+    drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS,
+    retryBudgets: { infra: config.FLEET_INFRA_RETRIES, model: config.FLEET_MODEL_RETRIES },
+    runtimeMaxIdleMs: config.FLEET_RUNTIME_MAX_IDLE_MS,
+    ...(config.MODEL_BASE_URL !== undefined && { model: modelSettings(config, config.MODEL_BASE_URL) }),
+    checkpointKeep: config.FLEET_CHECKPOINT_KEEP,
+    checkpointWorkspaceCapBytes: config.FLEET_CHECKPOINT_WORKSPACE_CAP_BYTES,
+    checkpointStagedTtlMs: config.FLEET_CHECKPOINT_STAGED_TTL_MS,
+  });
+  const [signal] = await Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
+  log.info({ signal, running: handle.running.size, drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS }, 'draining');
+  await handle.close();
+  return 0;
+}
+
