@@ -3,7 +3,7 @@
 import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import { EpisodeId } from '../../src/ids/episode-id.ts';
-import { FailureKind, MAX_RETRIES_PER_KIND } from '../../src/errors/failure-kind.ts';
+import { FAILURE_KINDS, MAX_RETRIES_PER_KIND } from '../../src/errors/failure-kind.ts';
 import { AgentSpec } from '../../src/tasks/agent-spec.ts';
 import { TaskSpec } from '../../src/tasks/task-spec.ts';
 
@@ -36,7 +36,7 @@ export const EpisodeResult = z.object({
   sample: z.number().int(),
   status: EpisodeStatus,
   /** Set when status is error: which kind of failure, with its stable code and message. */
-  error: z.object({ kind: FailureKind, code: z.string(), message: z.string() }).optional(),
+  error: z.object({ kind: z.enum(FAILURE_KINDS), code: z.string(), message: z.string() }).optional(),
   /** 1 or 0 from the verifier; null when the episode was not graded. */
   reward: z.number().nullable(),
   /** Attempts this episode took, the last included. */

@@ -1,7 +1,9 @@
 // The CLI's commands as data: each one's synopsis, help text and options, and a loader that imports
-// its code only when it runs. Kept free of runtime imports (types only), so `--help`, `--version` and
-// a mistyped option answer without loading BullMQ, dockerode, zod or the config.
+// its code only when it runs. Kept free of runtime imports (types only, and the failure kinds, a list
+// that imports nothing), so `--help`, `--version` and a mistyped option answer without loading BullMQ,
+// dockerode, zod or the config.
 import type { ParseArgsConfig } from 'node:util';
+import { FAILURE_KINDS } from '../errors/failure-kind.ts';
 import type { Cli } from './context.ts';
 
 export type CommandOptions = NonNullable<ParseArgsConfig['options']>;
@@ -107,7 +109,7 @@ their worker (evidence is kept). Exit 3 when an episode was already closing (it 
     synopsis: '<batch-id> --kind infra',
     summary: 're-enqueue only the episodes that failed with that kind',
     about: ``,
-    optionHelp: `  --kind K          infra, model, agent, verifier or invalid`,
+    optionHelp: `  --kind K          ${FAILURE_KINDS.slice(0, -1).join(', ')} or ${FAILURE_KINDS.at(-1)}`,
     options: RETRY_OPTIONS,
     allowPositionals: true,
     load: async () => (await import('./control-commands.ts')).retryCommand,

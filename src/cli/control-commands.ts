@@ -1,7 +1,7 @@
 // `rollout-fleet cancel` and `rollout-fleet retry`: steering episodes that are queued or running.
 import { parseArgs } from 'node:util';
 import { EpisodeControl } from '../episode/episode-control.ts';
-import { FAILURE_KINDS, FailureKind } from '../errors/failure-kind.ts';
+import { FAILURE_KINDS, isFailureKind } from '../errors/failure-kind.ts';
 import { cancelEpisode, waitForResult, type CancelOutcome } from '../producer/cancel-episodes.ts';
 import { retryByKind } from '../producer/retry-by-kind.ts';
 import { ResultsStore } from '../results/results-store.ts';
@@ -70,10 +70,9 @@ export async function cancelCommand(cli: Cli, args: string[]): Promise<number> {
 export async function retryCommand(cli: Cli, args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({ args, allowPositionals: true, options: RETRY_OPTIONS });
   const batchId = positionals[0];
-  if (batchId === undefined || positionals.length > 1 || values.kind === undefined) throw new UsageError(`expected one batch id and --kind\n${commandUsage('retry', COMMANDS.retry)}`);
-  const parsedKind = FailureKind.safeParse(values.kind);
-  if (!parsedKind.success) throw new UsageError(`--kind: expected one of ${FAILURE_KINDS.join(', ')}, got ${JSON.stringify(values.kind)}`);
-  const kind = parsedKind.data;
+  const kind = values.kind;
+  if (batchId === undefined || positionals.length > 1 || kind === undefined) throw new UsageError(`expected one batch id and --kind\n${commandUsage('retry', COMMANDS.retry)}`);
+  if (!isFailureKind(kind)) throw new UsageError(`--kind: expected one of ${FAILURE_KINDS.join(', ')}, got ${JSON.stringify(kind)}`);
   const parts = await producerParts(cli);
   try {
     if ((await parts.results.getManifest(batchId)) === undefined) throw new UsageError(`no batch ${JSON.stringify(batchId)} in this Redis`);
