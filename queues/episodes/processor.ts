@@ -13,6 +13,7 @@ import type { EpisodeDeps } from '../../src/episode/episode-attempt.ts';
 import { runEpisode } from '../../src/episode/run-episode.ts';
 import { Deadline, PhaseTimeout } from '../../src/deadlines/deadline.ts';
 import { episodeFailuresKey as failuresKey, episodeStartsKey as startsKey } from '../../src/redis/redis-keys.ts';
+import { resetRetryCounts } from '../../src/episode/retry-counts.ts';
 import type { ResultsStore } from '../../src/results/results-store.ts';
 import { EpisodeJob, type EpisodeResult } from './contract.ts';
 
@@ -42,7 +43,7 @@ const KEEP_SEC = 7 * 24 * 3600;
 async function recordFinal(deps: EpisodeProcessorDeps, result: EpisodeResult): Promise<EpisodeResult> {
   const { episodeId } = result;
   if (!(await deps.results.record(result))) deps.log.warn({ episodeId }, 'episode already had a result; this one is not recorded');
-  await deps.redis.del(failuresKey(deps.prefix, episodeId));
+  await resetRetryCounts(deps.redis, deps.prefix, episodeId);
   await deps.control.end(episodeId);
   // The episode is over: its checkpoints served their purpose (a requeue by kind starts afresh).
   await rm(deps.checkpoints.store.folder(episodeId), { recursive: true, force: true }).catch(() => undefined);

@@ -4,7 +4,7 @@
 // queue processors or contracts they must not know. A new cycle or a wrong-way import fails here,
 // naming the files.
 import { describe, expect, it } from 'vitest';
-import { findCycles, importGraph } from '../helpers/import-graph.ts';
+import { findCycles, folderGraph, importGraph } from '../helpers/import-graph.ts';
 
 const graph = importGraph(['src', 'queues']);
 const files = [...graph.keys()];
@@ -26,6 +26,10 @@ describe('imports', () => {
 
   it('form no cycle between files of src/ and queues/', () => {
     expect(findCycles(graph).map((c) => c.join(' -> '))).toEqual([]);
+  });
+
+  it('form no cycle between folders (a queue contract and its processor counted apart)', () => {
+    expect(findCycles(folderGraph(graph)).map((c) => c.join(' -> '))).toEqual([]);
   });
 
   it('of a queue contract reach into src/ only for leaves', () => {
