@@ -107,7 +107,7 @@ export async function runCli(args: string[], env: NodeJS.ProcessEnv): Promise<Cl
   let stderr = '';
   child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const [code] = (await once(child, 'exit')) as [number | null];
+  const [code] = (await once(child, 'close')) as [number | null];
   return { code, stdout, stderr };
 }
 
@@ -133,7 +133,7 @@ export function spawnWorker(env: NodeJS.ProcessEnv, workerId: string, concurrenc
     async stop() {
       if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
       child.kill('SIGTERM');
-      const [code] = (await once(child, 'exit')) as [number | null];
+      const [code] = (await once(child, 'close')) as [number | null];
       return code;
     },
   };

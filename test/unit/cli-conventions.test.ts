@@ -2,18 +2,10 @@
 // usage answers --help and -h with its own usage on stdout and exit 0, without Redis, Docker or a valid
 // config; --version prints package.json's version; an unknown option or command exits 2 with the
 // usage on stderr.
-import { spawn } from 'node:child_process';
-import { once } from 'node:events';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { BIN, ROOT } from '../helpers/fleet.ts';
-
-interface Run {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
+import { ROOT, runCli, type CliRun } from '../helpers/fleet.ts';
 
 /** No REDIS_URL, an invalid config value and an engine address nothing answers on: help needs none. */
 const HOSTILE_ENV: NodeJS.ProcessEnv = {
@@ -22,15 +14,7 @@ const HOSTILE_ENV: NodeJS.ProcessEnv = {
   DOCKER_HOST: 'unix:///nonexistent/docker.sock',
 };
 
-async function cli(args: string[], env: NodeJS.ProcessEnv = HOSTILE_ENV): Promise<Run> {
-  const child = spawn(process.execPath, [BIN, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
-  let stdout = '';
-  let stderr = '';
-  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const [code] = (await once(child, 'close')) as [number | null];
-  return { code, stdout, stderr };
-}
+const cli = (args: string[]): Promise<CliRun> => runCli(args, HOSTILE_ENV);
 
 /** The command names the top-level usage lists: the two-space-indented words before their synopsis. */
 function commandsIn(usage: string): string[] {
