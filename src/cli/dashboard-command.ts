@@ -6,6 +6,7 @@ import { parseArgs } from 'node:util';
 import type { FleetConfig } from '../config/config.ts';
 import type { Credentials } from '../dashboard/basic-auth.ts';
 import { startDashboard } from '../dashboard/dashboard-server.ts';
+import { fleetQueues } from './queue-clients.ts';
 import { DASHBOARD_OPTIONS } from './command-table.ts';
 import { UsageError, connectProducer, requireRedisUrl, type Cli } from './context.ts';
 
@@ -40,9 +41,11 @@ export async function dashboardCommand(cli: Cli, args: string[]): Promise<number
   const listenPort = port(values.port, config.FLEET_DASHBOARD_PORT);
   const redis = await connectProducer(requireRedisUrl(config), 'rf-dashboard');
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
+  const queues = fleetQueues(redis, config.FLEET_PREFIX, log);
   try {
     const dashboard = await startDashboard({
       redis,
+      queues,
       prefix: config.FLEET_PREFIX,
       dataDir: config.FLEET_DATA_DIR,
       log,
@@ -57,6 +60,7 @@ export async function dashboardCommand(cli: Cli, args: string[]): Promise<number
     await dashboard.close();
     return 0;
   } finally {
+    await Promise.all(queues.map((q) => q.close()));
     await redis.quit().catch(() => redis.disconnect());
   }
 }

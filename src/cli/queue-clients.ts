@@ -1,12 +1,25 @@
-// Queue clients for the producer-side commands (enqueue, cancel, retry, demo), apart from context.ts
+// Queue clients for the commands that need BullMQ (enqueue, cancel, retry, demo, dashboard), apart from context.ts
 // because BullMQ takes ~0.4 s to load and `status` and `results` do not need it.
 import { FlowProducer, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { BATCHES_QUEUE } from '../../queues/batches/contract.ts';
+import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
+import { CLEANUP_QUEUE } from '../../queues/cleanup/contract.ts';
 import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
 import { dockerStatusOf, type Docker } from '../sandbox/docker-client.ts';
 
 export function episodesQueue(redis: Redis, prefix: string): Queue {
   return new Queue(EPISODES_QUEUE, { connection: redis, prefix });
+}
+
+/** Every queue of the fleet (what the dashboard shows), with its errors logged. */
+export function fleetQueues(redis: Redis, prefix: string, log: Logger): Queue[] {
+  return [BATCHES_QUEUE, EPISODES_QUEUE, CHECKPOINTS_QUEUE, CLEANUP_QUEUE].map((name) => {
+    const queue = new Queue(name, { connection: redis, prefix });
+    queue.on('error', (err) => log.warn({ queue: name, err: err.message }, 'queue error'));
+    return queue;
+  });
 }
 
 export function flowProducer(redis: Redis, prefix: string): FlowProducer {

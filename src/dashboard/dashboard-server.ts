@@ -4,7 +4,7 @@
 // Redis connection it was given.
 import { once } from 'node:events';
 import type { AddressInfo } from 'node:net';
-import { Queue } from 'bullmq';
+import type { Queue } from 'bullmq';
 import express, { type ErrorRequestHandler, type Express, type RequestHandler } from 'express';
 import type { Redis } from 'ioredis';
 import { countLeases } from '../worker/lease.ts';
@@ -24,8 +24,10 @@ import { createFleetMetrics } from './fleet-metrics.ts';
 export const BULL_BOARD_PATH = '/queues';
 
 export interface DashboardOptions {
-  /** A connection the dashboard shares for its queues and the results store. */
+  /** A connection the dashboard shares with its queues, for the results store and health. */
   redis: Redis;
+  /** The fleet's queues, shown in Bull Board and counted in the metrics; the caller closes them. */
+  queues: Queue[];
   prefix: string;
   dataDir: string;
   log: Logger;
@@ -37,8 +39,6 @@ export interface DashboardOptions {
 
 export interface DashboardApp {
   app: Express;
-  /** Close the queues the app opened. */
-  close(): Promise<void>;
 }
 
 const QUEUE_DESCRIPTIONS: Record<string, string> = {
@@ -73,12 +73,7 @@ const loopbackHostsOnly: RequestHandler = (req, res, next) => {
 };
 
 export function createDashboardApp(opts: DashboardOptions): DashboardApp {
-  const { redis, prefix, log } = opts;
-  const queues = [BATCHES_QUEUE, EPISODES_QUEUE, CHECKPOINTS_QUEUE, CLEANUP_QUEUE].map((name) => {
-    const queue = new Queue(name, { connection: redis, prefix });
-    queue.on('error', (err) => log.warn({ queue: name, err: err.message }, 'queue error'));
-    return queue;
-  });
+  const { redis, prefix, queues, log } = opts;
   const results = new ResultsStore(redis, prefix, opts.dataDir);
   const metrics = createFleetMetrics({
     queues,
@@ -138,12 +133,7 @@ export function createDashboardApp(opts: DashboardOptions): DashboardApp {
   };
   app.use(onError);
 
-  return {
-    app,
-    async close() {
-      await Promise.all(queues.map((q) => q.close()));
-    },
-  };
+  return { app };
 }
 
 export interface DashboardHandle {
@@ -154,14 +144,9 @@ export interface DashboardHandle {
 
 /** Listen on host:port (0 picks a free port) until closed. */
 export async function startDashboard(opts: DashboardOptions & { host: string; port: number }): Promise<DashboardHandle> {
-  const { app, close } = createDashboardApp(opts);
+  const { app } = createDashboardApp(opts);
   const server = app.listen(opts.port, opts.host);
-  try {
-    await Promise.race([once(server, 'listening'), once(server, 'error').then(([err]) => Promise.reject(err as Error))]);
-  } catch (err) {
-    await close();
-    throw err;
-  }
+  await Promise.race([once(server, 'listening'), once(server, 'error').then(([err]) => Promise.reject(err as Error))]);
   const { port } = server.address() as AddressInfo;
   const host = opts.host.includes(':') ? `[${opts.host}]` : opts.host;
   return {
@@ -171,7 +156,6 @@ export async function startDashboard(opts: DashboardOptions & { host: string; po
       const closed = new Promise<void>((resolve) => server.close(() => resolve()));
       server.closeAllConnections();
       await closed;
-      await close();
     },
   };
 }
