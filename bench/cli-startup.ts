@@ -8,7 +8,7 @@
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -22,6 +22,7 @@ import { ResultsStore } from '../src/results/results-store.ts';
 import { createDocker } from '../src/sandbox/docker-client.ts';
 import { LABEL } from '../src/sandbox/labels.ts';
 import { loadBatch } from '../src/tasks/load-task.ts';
+import { poll, writeCommandBatch } from './command-batch.ts';
 
 /** The compiled CLI (`npm run build`), as installed. */
 const BIN = fileURLToPath(new URL('../dist/src/cli/bin.js', import.meta.url));
@@ -57,28 +58,7 @@ async function timed(args: string[], env: NodeJS.ProcessEnv, expectCode = 0): Pr
   return ms;
 }
 
-async function poll(what: string, timeoutMs: number, everyMs: number, check: () => Promise<boolean>): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, everyMs));
-  }
-}
 
-/** A batch of one quick command-agent episode, named so each round gets its own batch id. */
-async function writeTinyBatch(dir: string, name: string): Promise<string> {
-  const task = path.join(dir, 'tasks', 'touch');
-  await mkdir(path.join(task, 'workspace'), { recursive: true });
-  await mkdir(path.join(task, 'tests'), { recursive: true });
-  await writeFile(path.join(task, 'workspace', 'state.txt'), 'broken\n');
-  await writeFile(path.join(task, 'tests', 'test.sh'), 'grep -qx fixed state.txt\n');
-  await writeFile(path.join(task, 'task.yaml'),
-    'id: touch\ninstruction: write fixed into state.txt\nverify:\n  command: sh /tests/test.sh\n  timeoutSec: 20\ndeadlineSec: 300\nreserves: { setupSec: 60, verifySec: 30, closeSec: 30 }\n');
-  const file = path.join(dir, `${name}.yaml`);
-  await writeFile(file, `name: ${name}\ntasks: [tasks]\nsamples: 1\nagent: { kind: command, command: "echo fixed > state.txt" }\n`
-    + 'defaults:\n  limits: { memoryMb: 128, cpus: 0.5, pids: 64 }\n');
-  return file;
-}
 
 async function main(): Promise<void> {
   const redis = await startPrivateRedis();
@@ -92,7 +72,7 @@ async function main(): Promise<void> {
   const env: NodeJS.ProcessEnv = { PATH: process.env.PATH, REDIS_URL: redis.url, FLEET_PREFIX: prefix, FLEET_DATA_DIR: dataDir, LOG_LEVEL: 'warn' };
   try {
     // A batch that exists: enqueued (no worker runs yet), so `status` reads a real manifest and summary.
-    const statusBatch = await enqueueBatch(await loadBatch(await writeTinyBatch(dir, 'status')), {
+    const statusBatch = await enqueueBatch(await loadBatch(await writeCommandBatch(dir, 'status', { samples: 1, command: 'echo fixed > state.txt' })), {
       flows, redis: client, prefix, results, imageExists: async () => true,
     });
     await timed([BIN, 'status', statusBatch.batchId], env); // fail now, not after the rounds, if it cannot run
@@ -117,21 +97,21 @@ async function main(): Promise<void> {
       const docker = createDocker(process.env.DOCKER_HOST ?? 'unix:///var/run/docker.sock');
       const firstJobMs: number[] = [];
       for (let round = 0; round < workerRounds; round++) {
-        const plan = await enqueueBatch(await loadBatch(await writeTinyBatch(dir, `worker-r${round}`)), { flows, redis: client, prefix, results });
+        const plan = await enqueueBatch(await loadBatch(await writeCommandBatch(dir, `worker-r${round}`, { samples: 1, command: 'echo fixed > state.txt' })), { flows, redis: client, prefix, results });
         const started = performance.now();
         const worker = spawn(process.execPath, [BIN, 'worker', '--concurrency', '1'], {
           env: { ...env, DOCKER_HOST: process.env.DOCKER_HOST, FLEET_WORKER_ID: `bench-startup-${round}` }, stdio: ['ignore', 'ignore', 'inherit'],
         });
         try {
           // 5 ms polls: fine next to start-ups of hundreds of ms.
-          await poll('the first episode to be active', 60_000, 5, async () => {
+          await poll('the first episode to be active', 60_000, async () => {
             const counts = await queue.getJobCounts('active', 'completed', 'failed');
             return counts.active! + counts.completed! + counts.failed! > 0;
-          });
+          }, 5);
           firstJobMs.push(performance.now() - started);
-          await poll('the episode result', 300_000, 100, async () => (await results.resultCount(plan.batchId)) >= 1);
+          await poll('the episode result', 300_000, async () => (await results.resultCount(plan.batchId)) >= 1);
           // The worker's cleanup queue removes the sandbox; the reaper's scheduled job stays delayed.
-          await poll('the sandbox to be removed', 120_000, 100, async () =>
+          await poll('the sandbox to be removed', 120_000, async () =>
             (await docker.listContainers({ all: true, filters: { label: [`${LABEL.batch}=${plan.batchId}`] } })).length === 0);
         } finally {
           if (worker.exitCode === null && worker.signalCode === null) {

@@ -5,7 +5,7 @@
 // both see the same background load) the ratio is the median of the rounds' ratios.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -21,6 +21,7 @@ import { ResultsStore } from '../src/results/results-store.ts';
 import { createDocker } from '../src/sandbox/docker-client.ts';
 import { LABEL } from '../src/sandbox/labels.ts';
 import { loadBatch } from '../src/tasks/load-task.ts';
+import { poll, writeCommandBatch } from './command-batch.ts';
 
 /** The compiled CLI (`npm run build`), as workers run it. */
 const BIN = fileURLToPath(new URL('../dist/src/cli/bin.js', import.meta.url));
@@ -42,28 +43,7 @@ for (const [name, n] of [['episodes', episodes], ['concurrency', concurrency], [
 }
 if (!(agentSec >= 0)) throw new TypeError(`--agent-sec: expected a number from 0 up, got ${agentSec}`);
 
-async function poll(what: string, timeoutMs: number, check: () => Promise<boolean>): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
-/** A batch of `episodes` samples of one small task, named so each run gets its own batch id. */
-async function writeBenchBatch(dir: string, name: string): Promise<string> {
-  const task = path.join(dir, 'tasks', 'fix');
-  await mkdir(path.join(task, 'workspace'), { recursive: true });
-  await mkdir(path.join(task, 'tests'), { recursive: true });
-  await writeFile(path.join(task, 'workspace', 'state.txt'), 'broken\n');
-  await writeFile(path.join(task, 'tests', 'test.sh'), 'grep -qx fixed state.txt\n');
-  await writeFile(path.join(task, 'task.yaml'),
-    'id: fix\ninstruction: write fixed into state.txt\nverify:\n  command: sh /tests/test.sh\n  timeoutSec: 20\ndeadlineSec: 300\nreserves: { setupSec: 60, verifySec: 30, closeSec: 30 }\n');
-  const file = path.join(dir, `${name}.yaml`);
-  await writeFile(file, `name: ${name}\ntasks: [tasks]\nsamples: ${episodes}\nagent: { kind: command, command: "sleep ${agentSec}; echo fixed > state.txt" }\n`
-    + 'defaults:\n  limits: { memoryMb: 128, cpus: 0.5, pids: 64 }\n');
-  return file;
-}
 
 async function main(): Promise<void> {
   const docker = createDocker(process.env.DOCKER_HOST ?? 'unix:///var/run/docker.sock');
@@ -94,7 +74,7 @@ async function main(): Promise<void> {
     }
     // Timing starts once every worker process is connected, so start-up is not measured.
     await poll(`${workers} workers to connect`, 60_000, async () => (await queue.getWorkers()).length >= workers);
-    const file = await writeBenchBatch(dir, `bench-${workers}w-r${round}`);
+    const file = await writeCommandBatch(dir, `bench-${workers}w-r${round}`, { samples: episodes, command: `sleep ${agentSec}; echo fixed > state.txt` });
     const started = performance.now();
     const plan = await enqueueBatch(await loadBatch(file), { flows, redis: client, prefix, results });
     await poll(`${episodes} results`, 600_000, async () => (await results.resultCount(plan.batchId)) >= episodes);
