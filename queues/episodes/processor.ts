@@ -12,6 +12,7 @@ import type { RunningEpisodes } from '../../src/episode/running-episodes.ts';
 import type { EpisodeDeps } from '../../src/episode/episode-attempt.ts';
 import { runEpisode } from '../../src/episode/run-episode.ts';
 import { Deadline, PhaseTimeout } from '../../src/deadlines/deadline.ts';
+import { stopOf } from '../../src/errors/episode-stop.ts';
 import { episodeFailuresKey as failuresKey, episodeStartsKey as startsKey } from '../../src/redis/redis-keys.ts';
 import { resetRetryCounts } from '../../src/episode/retry-counts.ts';
 import type { ResultsStore } from '../../src/results/results-store.ts';
@@ -99,11 +100,16 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
         // Redis did not answer within the set-up reserve: the attempt runs on, its set-up fails at once
         // with that timeout, and it ends as an infrastructure failure with its evidence (numbered by
         // BullMQ's count, since the fleet's own counter could not be read).
-        if (!(err instanceof PhaseTimeout)) throw err;
-        // Counted all the same once Redis answers, so the next attempt does not reuse this number.
-        if (attempt === undefined) void deps.redis.incr(startsKey(deps.prefix, episodeId)).catch(() => undefined);
+        // A cancel or a drain during pick-up goes the same way: the attempt ends cancelled or handed back.
+        if (!(err instanceof PhaseTimeout) && stopOf(episodeSignal) === undefined) throw err;
+        if (attempt === undefined) {
+          // Counted all the same once Redis answers, so the next attempt does not reuse this number;
+          // meanwhile a number no evidence folder of this host has used yet.
+          void deps.redis.incr(startsKey(deps.prefix, episodeId)).catch(() => undefined);
+          attempt = await deps.evidence.unusedAttempt(episodeId, Math.max(1, job.attemptsStarted));
+        }
       }
-      const outcome = await runEpisode({ job: parsed.data, attempt: attempt ?? Math.max(1, job.attemptsStarted), signal: episodeSignal, setUp }, deps);
+      const outcome = await runEpisode({ job: parsed.data, attempt, signal: episodeSignal, setUp }, deps);
       if (outcome.handBack) {
         // Draining: back to the queue now, for another worker, without waiting for a stall timeout.
         await deps.control.release(episodeId);

@@ -100,10 +100,10 @@ export class Deadline {
    * Like run, for work that stops itself when its signal aborts and returns what it has (an exec,
    * an agent): a cancellation lets it finish stopping, only the time limit cuts it short.
    */
-  async runStoppable<T>(what: string, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  async runStoppable<T>(what: string, work: (signal: AbortSignal) => Promise<T>, onLate?: (value: T) => void): Promise<T> {
     this.step = what;
     this.signal.throwIfAborted();
-    return await untilAborted(work(this.signal), this.due.signal);
+    return await untilAborted(work(this.signal), this.due.signal, onLate);
   }
 
   /**

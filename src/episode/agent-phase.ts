@@ -11,11 +11,12 @@ import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attemp
 import type { AgentResume } from './resume-phase.ts';
 
 /**
- * Past its ceiling the agent's process tree gets TERM, then KILL, each with a grace of 2 s: the phase
- * itself ends at the latest this long after the ceiling. Only an engine that does not answer reaches
- * it, and then the attempt is an infrastructure failure, not a graded timeout.
+ * The agent phase ends at the latest this long after the ceiling. It covers the engine calls before
+ * the agent's own clock starts (its input copied in, the exec created) and, past the ceiling, TERM and
+ * KILL of its process tree with 2 s of grace each, on a loaded engine. Only an engine that answers
+ * slower than that reaches it, and then the attempt is an infrastructure failure, not a graded timeout.
  */
-export const AGENT_STOP_GRACE_MS = 5_000;
+export const AGENT_STOP_GRACE_MS = 15_000;
 
 export async function runAgent(
   attempt: EpisodeAttempt,
@@ -57,7 +58,9 @@ export async function runAgent(
       const crashed = (err as { agentRun?: AgentRun }).agentRun;
       if (crashed) state.agentRun = crashed;
       throw err;
-    }));
+    }),
+    // Output that arrives after the phase's end is still kept as evidence, if close has not written it yet.
+    (late) => (state.agentRun ??= late));
   } finally {
     deadline.dispose();
   }

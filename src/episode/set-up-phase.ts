@@ -2,6 +2,7 @@
 // need a model), seed the episode's ONE sandbox session and copy the workspace in. Every step runs
 // under the set-up deadline, so a stalled Redis, engine or file system ends the phase at its reserve.
 import { createHash } from 'node:crypto';
+import { rm } from 'node:fs/promises';
 import path from 'node:path';
 import type { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
@@ -20,7 +21,11 @@ export async function setUp(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
   state.runtime = runtime;
   if (job.agent.kind === 'llm') {
     // A proxy that starts after the deadline is closed at once: nothing would ever close it otherwise.
-    state.proxy = await deadline.run('starting the model proxy', () => startEpisodeProxy(attempt, deps), (late) => void late.close());
+    state.proxy = await deadline.run('starting the model proxy', () => startEpisodeProxy(attempt, deps), (late) => {
+      late.close()
+        .then(() => rm(path.dirname(late.socketPath), { recursive: true, force: true }))
+        .catch((err: unknown) => log.warn({ err: String(err) }, 'closing a model proxy that started too late failed'));
+    });
   }
   const session = await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
     { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },

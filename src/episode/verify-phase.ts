@@ -3,7 +3,7 @@
 // verifier's exit code is the reward. The whole phase runs under the verification reserve: a stalled
 // engine ends it as an infrastructure failure, never as a reward.
 import type { AgentRun } from '../agent/agent.ts';
-import { Deadline } from '../deadlines/deadline.ts';
+import { Deadline, PhaseTimeout } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { AttemptState, EpisodeAttempt, EpisodeDeps, Graded } from './episode-attempt.ts';
@@ -27,8 +27,20 @@ export async function verify(
     await deadline.run('closing the model proxy', async () => state.proxy?.close());
     const tests = await state.archive!.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
     await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal));
+    const timeoutMs = task.verify.timeoutSec * 1000;
+    const started = performance.now();
     const verifyRun = await deadline.runStoppable('running the verifier', (signal) =>
-      session.exec(task.verify.command, { timeoutMs: task.verify.timeoutSec * 1000, capBytes: deps.outputCapBytes, signal }));
+      session.exec(task.verify.command, { timeoutMs, capBytes: deps.outputCapBytes, signal }),
+    // Output that arrives after the reserve is still kept as evidence, if close has not written it yet.
+    (late) => (state.verifyRun ??= late)).catch((err: unknown) => {
+      // The reserve ran out while the verifier was being stopped past its own timeout: the verifier's
+      // fault (not graded, not retried). Had it run less than its timeout, the steps before it took the
+      // reserve: the fleet's fault (retried).
+      if (err instanceof PhaseTimeout && performance.now() - started >= timeoutMs) {
+        throw new FleetError('verifier_timeout', `verifier passed its timeout of ${task.verify.timeoutSec}s and was still being stopped at the end of the verification reserve`);
+      }
+      throw err;
+    });
     state.verifyRun = verifyRun;
     // Stopped from outside (cancel, drain) or by the reserve: not graded.
     deadline.signal.throwIfAborted();

@@ -1,5 +1,6 @@
 // Evidence of one episode attempt, kept before anything is removed: the agent's and the verifier's
 // captured output and the container's final state, under FLEET_DATA_DIR/evidence/<episode>/attempt-<n>/.
+import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { writeFileAtomic } from '../files/atomic-write.ts';
 import type { CapturedOutput } from '../sandbox/captured-output.ts';
@@ -9,6 +10,16 @@ export class EvidenceStore {
 
   folder(episodeId: string, attempt: number): string {
     return path.join(this.dataDir, 'evidence', episodeId, `attempt-${attempt}`);
+  }
+
+  /**
+   * The lowest attempt number from `atLeast` up that no attempt folder of the episode on this host
+   * uses: for an attempt that could not be numbered by Redis, so it never overwrites another's evidence.
+   */
+  async unusedAttempt(episodeId: string, atLeast: number): Promise<number> {
+    const names = await readdir(path.join(this.dataDir, 'evidence', episodeId)).catch(() => [] as string[]);
+    const used = names.map((n) => /^attempt-(\d+)$/.exec(n)?.[1]).filter((n) => n !== undefined).map(Number);
+    return Math.max(atLeast, ...used.map((n) => n + 1));
   }
 
   /** Where the reaper puts what it saved of an orphaned sandbox. */

@@ -68,10 +68,14 @@ describe('episodes', () => {
   it('records a hanging verifier and a crashing verifier as verifier failures, not retried', async () => {
     const results = await runBatch('echo fixed > state.txt', {
       hang: task('hang', '', 'sleep 1000'),
+      // Past its 3 s timeout it ignores TERM: its stop runs into the end of the 5 s reserve. Still the
+      // verifier's failure, not the fleet's.
+      'hang-term': task('hang-term', '', "trap '' TERM; sleep 1000"),
       crash: task('crash', '', 'exit 3'),
     });
     const byTask = Object.fromEntries(results.map((r) => [r.taskId, r]));
     expect(byTask.hang).toMatchObject({ status: 'error', reward: null, attempts: 1, error: { kind: 'verifier', code: 'verifier_timeout' } });
+    expect(byTask['hang-term']).toMatchObject({ status: 'error', reward: null, attempts: 1, error: { kind: 'verifier', code: 'verifier_timeout' } });
     expect(byTask.crash).toMatchObject({ status: 'error', reward: null, attempts: 1, error: { kind: 'verifier', code: 'verifier_crashed' } });
     expect(byTask.crash!.error!.message).toContain('exited with 3');
   });
