@@ -4,6 +4,7 @@
 import { Redis } from 'ioredis';
 import { pino, type Logger } from 'pino';
 import { loadConfig, type FleetConfig } from '../config/config.ts';
+import { redactUrlCredentials } from '../config/zod-issues.ts';
 import type { Docker } from '../sandbox/docker-client.ts';
 
 export class UsageError extends Error {
@@ -53,7 +54,7 @@ export async function connectProducer(url: string, connectionName = 'rf-cli'): P
     await redis.connect();
   } catch (err) {
     redis.disconnect();
-    throw new UsageError(`cannot connect to Redis at ${url}: ${(lastError ?? (err as Error)).message}`);
+    throw new UsageError(`cannot connect to Redis at ${redactUrlCredentials(url)}: ${redactUrlCredentials((lastError ?? (err as Error)).message)}`);
   }
   return redis;
 }

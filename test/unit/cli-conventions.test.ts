@@ -91,4 +91,17 @@ describe('rollout-fleet CLI conventions', () => {
     expect(run.code).toBe(2);
     expect(run.stderr).toContain('FLEET_WORKER_CONCURRENCY');
   });
+
+  it('never echoes a Redis URL\'s password, neither in a config error nor when Redis cannot be reached', async () => {
+    const base = { PATH: process.env.PATH };
+    const badScheme = await runCli(['status', 'b'], { ...base, REDIS_URL: 'http://fleet:s3cret-pw@127.0.0.1:1' });
+    expect(badScheme.code).toBe(2);
+    expect(badScheme.stderr).toContain('REDIS_URL');
+    expect(badScheme.stderr).toContain('fleet:***@127.0.0.1:1');
+    // Port 1 on loopback: nothing listens there, the connection is refused at once.
+    const unreachable = await runCli(['status', 'b'], { ...base, REDIS_URL: 'redis://:s3cret-pw@127.0.0.1:1' });
+    expect(unreachable.code).toBe(2);
+    expect(unreachable.stderr).toContain('cannot connect to Redis at redis://:***@127.0.0.1:1');
+    for (const run of [badScheme, unreachable]) expect(run.stderr + run.stdout).not.toContain('s3cret-pw');
+  });
 });

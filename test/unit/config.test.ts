@@ -1,8 +1,20 @@
 import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
 import { ConfigError, loadConfig } from '../../src/config/config.ts';
+import { describeIssues } from '../../src/config/zod-issues.ts';
 import { outcomeOf, type FleetErrorCode } from '../../src/errors/fleet-error.ts';
 
 describe('config', () => {
+  it('names a secret field without echoing its value', () => {
+    const schema = z.object({ MODEL_API_KEY: z.string().min(40), nested: z.object({ token: z.number() }) });
+    const input = { MODEL_API_KEY: 'sk-live-abc', nested: { token: 'tok-xyz' } };
+    const lines = describeIssues(schema.safeParse(input).error!, input);
+    expect(lines).toHaveLength(2);
+    expect(lines[0]).toMatch(/^MODEL_API_KEY: .* \(got a value, not shown\)$/);
+    expect(lines[1]).toMatch(/^nested\.token: /);
+    expect(lines.join('\n')).not.toMatch(/sk-live-abc|tok-xyz/);
+  });
+
   it('applies defaults and coerces numbers', () => {
     const c = loadConfig({ REDIS_URL: 'redis://127.0.0.1:6379', FLEET_WORKER_CONCURRENCY: '8' });
     expect(c.FLEET_WORKER_CONCURRENCY).toBe(8);
