@@ -98,9 +98,8 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
         void deps.redis.expire(startsKey(deps.prefix, episodeId), KEEP_SEC).catch(() => undefined);
       } catch (err) {
         // Redis did not answer within the set-up reserve: the attempt runs on, its set-up fails at once
-        // with that timeout, and it ends as an infrastructure failure with its evidence (numbered by
-        // BullMQ's count, since the fleet's own counter could not be read).
-        // A cancel or a drain during pick-up goes the same way: the attempt ends cancelled or handed back.
+        // with that timeout, and it ends as an infrastructure failure with its evidence. A cancel or a
+        // drain during pick-up goes the same way: the attempt ends cancelled or is handed back.
         if (!(err instanceof PhaseTimeout) && stopOf(episodeSignal) === undefined) throw err;
         if (attempt === undefined) {
           // Counted all the same once Redis answers, so the next attempt does not reuse this number;
