@@ -1,8 +1,8 @@
 // Job data as the dashboard shows it: values under keys that name a secret are replaced, at any depth,
 // so an API key put into a payload by mistake is not shown to everyone who can open Bull Board.
 
-import { SECRET_KEY } from '../config/zod-issues.ts';
-
+// Broader than what error messages hide: any key that mentions a secret (maxTokens included).
+export const SECRET_KEY = /key|token|secret|password|authorization/i;
 export const REDACTED = '[redacted]';
 
 /** A copy of `value` with every property whose name matches SECRET_KEY replaced by REDACTED. */

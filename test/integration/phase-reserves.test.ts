@@ -91,6 +91,14 @@ async function redisPauser(env: FleetEnv): Promise<{ pause(ms: number): Promise<
   return { pause: (ms) => conn.call('CLIENT', 'PAUSE', String(ms), 'ALL'), close: () => conn.disconnect() };
 }
 
+/** The episode's one final result once the stall is over: passed (after `minAttempts`), no sandbox left. */
+async function expectPassedInTheEnd(env: FleetEnv, batchId: string, minAttempts: number): Promise<void> {
+  const [final] = await waitForResults(env, batchId, 1, 90_000);
+  expect(final).toMatchObject({ status: 'passed', reward: 1 });
+  expect(final!.attempts).toBeGreaterThanOrEqual(minAttempts);
+  await waitFor('no sandbox of the batch (cleanup queue or reaper)', async () => (await fleetContainers('batch', batchId)).length === 0, 60_000, 200);
+}
+
 const secs = (ms: number | undefined) => (ms === undefined ? 'n/a' : `${(ms / 1000).toFixed(1)} s`);
 
 describe('phase reserves (issue 9)', () => {
@@ -157,10 +165,7 @@ describe('phase reserves (issue 9)', () => {
     if (first.timings.setupMs !== undefined) expect.soft(first.timings.setupMs).toBeLessThanOrEqual(SMALL.setupSec * 1000 + SLACK_MS);
 
     // Once Redis answers again the retry runs and passes; no sandbox is left behind.
-    const [final] = await waitForResults(env, plan.batchId, 1, 90_000);
-    expect(final).toMatchObject({ status: 'passed', reward: 1 });
-    expect(final!.attempts).toBeGreaterThanOrEqual(2);
-    await waitFor('no sandbox of the batch', async () => (await fleetContainers('batch', plan.batchId)).length === 0, 60_000, 200);
+    await expectPassedInTheEnd(env, plan.batchId, 2);
   });
 
   it('set-up with the container create hung ends within its reserve as an infra error', async () => {
@@ -184,9 +189,7 @@ describe('phase reserves (issue 9)', () => {
     if (first.timings.setupMs !== undefined) expect.soft(first.timings.setupMs).toBeLessThanOrEqual(SMALL.setupSec * 1000 + SLACK_MS);
 
     docker.releaseAll();
-    const [final] = await waitForResults(env, plan.batchId, 1, 90_000);
-    expect(final).toMatchObject({ status: 'passed', reward: 1 });
-    await waitFor('no sandbox of the batch', async () => (await fleetContainers('batch', plan.batchId)).length === 0, 60_000, 200);
+    await expectPassedInTheEnd(env, plan.batchId, 2);
   });
 
   it('the agent phase ends by its ceiling while the model never answers, and the episode is still graded', async () => {
@@ -266,10 +269,7 @@ describe('phase reserves (issue 9)', () => {
     expect(await env.results.get(plan.batchId, episodeId)).toBeUndefined();
 
     docker.releaseAll();
-    const [final] = await waitForResults(env, plan.batchId, 1, 90_000);
-    expect(final).toMatchObject({ status: 'passed', reward: 1 });
-    expect(final!.attempts).toBeGreaterThanOrEqual(2);
-    await waitFor('no sandbox of the batch', async () => (await fleetContainers('batch', plan.batchId)).length === 0, 60_000, 200);
+    await expectPassedInTheEnd(env, plan.batchId, 2);
   });
 
   it('close with Redis paused and the workspace GET hung ends within its reserve; the result and the cleanup follow', async () => {
@@ -299,9 +299,7 @@ describe('phase reserves (issue 9)', () => {
 
     // Once Redis answers and the engine is released, the episode has its one result, graded.
     docker.releaseAll();
-    const [final] = await waitForResults(env, plan.batchId, 1, 90_000);
-    expect(final).toMatchObject({ status: 'passed', reward: 1 });
-    await waitFor('no sandbox of the batch (reaper or cleanup queue)', async () => (await fleetContainers('batch', plan.batchId)).length === 0, 60_000, 200);
+    await expectPassedInTheEnd(env, plan.batchId, 1);
     // The evidence folder of the attempt exists even if the workspace could not be taken out.
     expect((await stat(path.join(env.dataDir, 'evidence', episodeId, 'attempt-1'))).isDirectory()).toBe(true);
   });
