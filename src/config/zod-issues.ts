@@ -2,9 +2,7 @@
 // fix a batch file, task.yaml, job payload or environment variable without reading a stack trace. A
 // secret is never echoed: the value of a field named like one is hidden, a URL's password masked.
 import type { z } from 'zod';
-
-/** Field names whose values are secrets: MODEL_API_KEY, FLEET_DASHBOARD_PASSWORD, apiKey, token (not MAX_TOKENS). */
-const SECRET_FIELD = /(key|token|secret|password|passwd|authorization)$/i;
+import { isSecretName } from './secret-names.ts';
 
 /** `text` with the password of every URL in it masked: `redis://:***@host:6379`. */
 export function redactUrlCredentials(text: string): string {
@@ -31,7 +29,7 @@ function show(value: unknown, secret: boolean): string {
 export function describeIssues(error: z.ZodError, input: unknown): string[] {
   return error.issues.map((issue) => {
     const field = issue.path.length > 0 ? issue.path.join('.') : '(root)';
-    const secret = issue.path.some((key) => typeof key === 'string' && SECRET_FIELD.test(key));
+    const secret = issue.path.some((key) => typeof key === 'string' && isSecretName(key));
     return `${field}: ${issue.message} (got ${show(valueAt(input, issue.path), secret)})`;
   });
 }

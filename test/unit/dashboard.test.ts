@@ -40,6 +40,17 @@ describe('redactSecrets', () => {
     loop.self = loop;
     expect(redactSecrets(loop)).toEqual({ a: 1, self: '[circular]' });
   });
+
+  it('shows settings that merely mention a secret word, and hides the secrets beside them', () => {
+    const task = {
+      model: { contextWindowTokens: 8192, outputReserveTokens: 1024, maxTokens: 512, keep: 5, keys: ['a'] },
+      env: { MODEL_API_KEY: 'sk-2', accessToken: 'at', token: 't', password: 'p', authorization: 'Basic x' },
+    };
+    expect(redactSecrets(task)).toEqual({
+      model: { contextWindowTokens: 8192, outputReserveTokens: 1024, maxTokens: 512, keep: 5, keys: ['a'] },
+      env: { MODEL_API_KEY: REDACTED, accessToken: REDACTED, token: REDACTED, password: REDACTED, authorization: REDACTED },
+    });
+  });
 });
 
 describe('checkBasicAuth', () => {
