@@ -23,6 +23,8 @@ export interface CheckpointWriterOptions {
   lockDurationMs?: number;
   /** Checkpoints kept per episode. @default 5 */
   keep?: number;
+  /** The Worker's error listener. @default logs every error */
+  onError?: (err: Error) => void;
 }
 
 export function startCheckpointWriter(opts: CheckpointWriterOptions): Worker {
@@ -39,7 +41,7 @@ export function startCheckpointWriter(opts: CheckpointWriterOptions): Worker {
     // Writing is idempotent, so a job whose writer was killed (again) is simply written again.
     maxStalledCount: 10,
   });
-  worker.on('error', (err) => log.error({ queue: CHECKPOINTS_QUEUE, err: err.message }, 'worker error'));
+  worker.on('error', opts.onError ?? ((err) => log.error({ queue: CHECKPOINTS_QUEUE, err: err.message }, 'worker error')));
   worker.on('failed', (job, err) => log.warn({ jobId: job?.id, attemptsMade: job?.attemptsMade, err: err.message }, 'checkpoint write failed'));
   return worker;
 }

@@ -1,5 +1,7 @@
 // `rollout-fleet worker`: run episodes (and cleanup, checkpoint writing) until SIGTERM or SIGINT,
-// then drain: running episodes are handed to other workers, and it exits 0.
+// then drain: running episodes are handed to other workers, and it exits 0. Whatever Redis does, it
+// exits within the drain timeout plus the close grace (EXIT_NOT_HANDED_BACK when it had to leave
+// episodes for stall detection to return).
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import type { FleetConfig } from '../config/config.ts';
@@ -7,6 +9,12 @@ import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { startWorker } from './worker-process.ts';
 import { WORKER_OPTIONS } from './command-table.ts';
 import { positiveOption, requireRedisUrl, type Cli } from './context.ts';
+
+/**
+ * Exit code of a worker whose close deadline passed with episodes it could not hand back (Redis did not
+ * answer): their jobs return to the queue when their lock expires, as if the worker had died.
+ */
+export const EXIT_NOT_HANDED_BACK = 5;
 
 export function modelSettings(config: FleetConfig, baseUrl: string): ModelSettings {
   return {
@@ -47,7 +55,11 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
   });
   const [signal] = await Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
   log.info({ signal, running: handle.running.size, drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS }, 'draining');
-  await handle.close();
-  return 0;
+  const outcome = await handle.close();
+  const code = outcome.notHandedBack > 0 ? EXIT_NOT_HANDED_BACK : 0;
+  // Connections cut at the deadline may leave BullMQ's own clients' timers behind: exit now rather
+  // than let them keep a stopped worker alive (pino's destination(2) is synchronous: nothing is lost).
+  if (!outcome.clean) process.exit(code);
+  return code;
 }
 

@@ -2,7 +2,9 @@
 // the processors of episodes (the main work), cleanup (sandbox removal and the scheduled reaper),
 // checkpoints (the background writer) and batches (the summary when a batch ends); plus its lease and
 // its ear for cancel requests. close() drains: no new jobs, running episodes get the drain timeout,
-// then are handed back to the queue; every connection it opened is released.
+// then are handed back to the queue; every connection it opened is released. Every step of close() is
+// bounded by one deadline (drain timeout plus a grace), whatever Redis does: past it, connections are
+// cut and the caller is told what could not be handed back.
 import { Queue, Worker } from 'bullmq';
 import type Docker from 'dockerode';
 import { Redis } from 'ioredis';
@@ -28,6 +30,8 @@ import { RunningEpisodes } from '../episode/running-episodes.ts';
 import { EvidenceStore } from '../evidence/evidence-store.ts';
 import type { ExtractLimits } from '../evidence/safe-extract.ts';
 import { ResultsStore } from '../results/results-store.ts';
+import { untilAborted } from '../deadlines/deadline.ts';
+import { RedisOutageLog } from '../redis/outage-log.ts';
 import { startLease } from '../worker/lease.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
 
@@ -49,6 +53,11 @@ export interface WorkerOptions {
   lockDurationMs?: number;
   /** @default 30000 */
   drainTimeoutMs?: number;
+  /**
+   * After the drain timeout, how long close() may still take to hand episodes back and release its
+   * connections before it cuts them. @default 5000
+   */
+  closeGraceMs?: number;
   /** @default DEFAULT_RETRY_BUDGETS */
   retryBudgets?: RetryBudgets;
   /** @default 16 MiB total, 4 MiB per file, 2000 files */
@@ -65,11 +74,23 @@ export interface WorkerOptions {
   checkpointStagedTtlMs?: number;
 }
 
+export interface CloseOutcome {
+  /** Every step finished before the deadline (false: connections were cut; Redis did not answer). */
+  clean: boolean;
+  /** Episodes still running at the deadline: not handed back, their jobs return by stall detection. */
+  notHandedBack: number;
+  /** The close steps the deadline cut short. */
+  cutShort: string[];
+}
+
 export interface WorkerHandle {
   workerId: string;
   running: RunningEpisodes;
-  /** Stop taking jobs; running episodes get the drain timeout, then go back to the queue. */
-  close(): Promise<void>;
+  /**
+   * Stop taking jobs; running episodes get the drain timeout, then go back to the queue. Settles within
+   * drainTimeoutMs + closeGraceMs whatever Redis does.
+   */
+  close(): Promise<CloseOutcome>;
 }
 
 export const DEFAULT_SNAPSHOT_LIMITS: ExtractLimits = { maxBytes: 16 * 1024 * 1024, maxFileBytes: 4 * 1024 * 1024, maxFiles: 2_000 };
@@ -80,11 +101,16 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const leaseTtlMs = opts.leaseTtlMs ?? 15_000;
   const reaperIntervalMs = opts.reaperIntervalMs ?? 30_000;
   const drainTimeoutMs = opts.drainTimeoutMs ?? 30_000;
+  const closeGraceMs = opts.closeGraceMs ?? 5_000;
   const snapshotLimits = opts.snapshotLimits ?? DEFAULT_SNAPSHOT_LIMITS;
 
   const connection = new Redis(opts.redisUrl, { maxRetriesPerRequest: null, connectionName: `rf-worker-${workerId}` });
   const subscriber = connection.duplicate({ connectionName: `rf-worker-${workerId}-cancel` });
-  for (const c of [connection, subscriber]) c.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
+  // Queues built on `connection` relay its errors: they count toward its outage. BullMQ Workers
+  // duplicate it for their blocking reads, so each Worker is a source of its own.
+  const outages = new RedisOutageLog(log);
+  outages.watchClient(connection, 'connection');
+  outages.watchClient(subscriber, 'cancel-subscriber');
 
   const results = new ResultsStore(connection, prefix, opts.dataDir);
   // The runtime's inputs (node, its libraries, the bundled reference agent) are gathered once.
@@ -104,7 +130,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   // Warm the runtime generation now, so the first episodes do not pay its install in their set-up.
   const warmUp = prepare().then(() => undefined, (err: unknown) => log.warn({ err: String(err) }, 'runtime generation not prepared at start; episodes will try again'));
   const checkpointsQueue = new Queue(CHECKPOINTS_QUEUE, { connection, prefix });
-  checkpointsQueue.on('error', (err) => log.warn({ err: err.message }, 'checkpoints queue error'));
+  checkpointsQueue.on('error', outages.listener('connection', 'checkpoints queue error'));
   const checkpointSink = new CheckpointSink({
     connection, queue: checkpointsQueue, prefix, log,
     ...(opts.checkpointWorkspaceCapBytes !== undefined && { workspaceCapBytes: opts.checkpointWorkspaceCapBytes }),
@@ -123,7 +149,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   });
 
   const cleanupQueue = new Queue(CLEANUP_QUEUE, { connection, prefix });
-  cleanupQueue.on('error', (err) => log.warn({ err: err.message }, 'cleanup queue error'));
+  cleanupQueue.on('error', outages.listener('connection', 'cleanup queue error'));
   await cleanupQueue.upsertJobScheduler(REAPER_SCHEDULER_ID, { every: reaperIntervalMs }, {
     name: REAP_JOB,
     data: {},
@@ -169,11 +195,12 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     { ...workerOpts, concurrency: 4 },
   );
   const batches = new Worker(BATCHES_QUEUE, batchProcessor(results), { ...workerOpts, concurrency: 2 });
-  const checkpoints = startCheckpointWriter({ connection, prefix, dataDir: opts.dataDir, log, name: workerId, lockDurationMs: lockDuration, keep: opts.checkpointKeep });
+  const checkpoints = startCheckpointWriter({
+    connection, prefix, dataDir: opts.dataDir, log, name: workerId, lockDurationMs: lockDuration, keep: opts.checkpointKeep,
+    onError: outages.listener(`${CHECKPOINTS_QUEUE}-worker`, 'worker error', 'error'),
+  });
 
-  for (const w of [episodes, cleanup, batches]) {
-    w.on('error', (err) => log.error({ queue: w.name, err: err.message }, 'worker error'));
-  }
+  for (const w of [episodes, cleanup, batches]) w.on('error', outages.listener(`${w.name}-worker`, 'worker error', 'error'));
   episodes.on('failed', episodeFailedListener(episodeDeps));
   log.info({ workerId, concurrency: opts.concurrency }, 'worker started');
 
@@ -181,22 +208,44 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     workerId,
     running,
     async close() {
+      // One deadline for the whole close: a Redis that does not answer (down, or back without our
+      // keys) must not keep a stopping worker alive, so every step is raced against it.
+      const deadline = AbortSignal.timeout(drainTimeoutMs + closeGraceMs);
+      const cutShort: string[] = [];
+      const step = async (name: string, work: () => Promise<unknown>): Promise<void> => {
+        if (deadline.aborted) {
+          cutShort.push(name);
+          return;
+        }
+        await untilAborted(work(), deadline).catch((err: unknown) => {
+          if (deadline.aborted) cutShort.push(name);
+          else log.warn({ step: name, err: String(err) }, 'close step failed');
+        });
+      };
       // Stop fetching; give running episodes the drain timeout, then hand them back to the queue.
-      const closing = episodes.close();
       const timer = setTimeout(() => {
         const n = running.stopAll('drain');
         if (n > 0) log.info({ episodes: n }, 'drain timeout: handing running episodes back to the queue');
       }, drainTimeoutMs);
-      await closing;
+      await step('episodes worker', () => episodes.close());
       clearTimeout(timer);
-      await warmUp;
-      await checkpointSink.close().catch((err: unknown) => log.warn({ err: String(err) }, 'checkpoint sink did not close cleanly'));
-      await Promise.all([cleanup.close(), checkpoints.close(), batches.close()]);
-      await lease.stop();
-      await Promise.all([cleanupQueue.close(), checkpointsQueue.close()]);
-      await subscriber.quit().catch(() => subscriber.disconnect());
-      await connection.quit().catch(() => connection.disconnect());
+      // Counted before the connections go: an episode still here could not be handed back.
+      const notHandedBack = running.size;
+      await step('runtime warm-up', () => warmUp);
+      await step('checkpoint sink', () => checkpointSink.close());
+      await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close()]));
+      await step('lease', () => lease.stop());
+      await step('queues', () => Promise.all([cleanupQueue.close(), checkpointsQueue.close()]));
+      await step('connections', () => Promise.all([subscriber, connection].map((c) => c.quit().catch(() => c.disconnect()))));
+      if (cutShort.length > 0) {
+        // Cut what is left: no reconnecting, no queued commands keeping the process alive.
+        for (const w of [episodes, cleanup, checkpoints, batches]) void w.close(true).catch(() => undefined);
+        subscriber.disconnect();
+        connection.disconnect();
+        log.warn({ workerId, cutShort, notHandedBack, outages: outages.outages() }, 'close deadline passed: connections cut');
+      }
       log.info({ workerId }, 'worker stopped');
+      return { clean: cutShort.length === 0, notHandedBack, cutShort };
     },
   };
 }

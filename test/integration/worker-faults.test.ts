@@ -1,0 +1,96 @@
+// Worker processes facing Redis faults, as operators meet them: SIGTERM while Redis is down must still
+// end the process within its drain timeout, and an outage must be logged once per connection, then its
+// recovery with a count, not once per failed reconnect.
+import { once } from 'node:events';
+import { mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { startPrivateRedis, type PrivateRedis } from '../../src/cli/private-redis.ts';
+import { leaseKey } from '../../src/redis/redis-keys.ts';
+import { fleetEnvOn, spawnWorker, waitFor, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+
+/** Kill Redis outright (no shutdown, no goodbye to its clients) and wait until it is gone. */
+async function killRedis(redis: PrivateRedis): Promise<void> {
+  const exited = once(redis.process, 'exit');
+  redis.process.kill('SIGKILL');
+  await exited;
+}
+
+/** The worker's pino lines (JSON on stderr) at warn and above. */
+function logLines(worker: WorkerProcess): Array<{ level: number; msg: string; [k: string]: unknown }> {
+  return worker.output().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as { level: number; msg: string });
+}
+
+describe('worker faults', () => {
+  let env: FleetEnv | undefined;
+  let workers: WorkerProcess[] = [];
+  const dirs: string[] = [];
+
+  afterEach(async () => {
+    await Promise.all(workers.map((w) => w.stop()));
+    workers = [];
+    await env?.close();
+    env = undefined;
+    await Promise.all(dirs.splice(0).map((d) => rm(d, { recursive: true, force: true })));
+  });
+
+  /** A fleet on a Redis that keeps its folder, so it can be killed and started again on its port. */
+  async function restartableFleet(): Promise<FleetEnv> {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-redis-'));
+    dirs.push(dir);
+    env = await fleetEnvOn(await startPrivateRedis({ durable: true, dir }));
+    return env;
+  }
+
+  async function restartRedis(fleet: FleetEnv): Promise<void> {
+    fleet.redis = await startPrivateRedis({ durable: true, dir: fleet.redis.dir, port: fleet.redis.port });
+  }
+
+  it('SIGTERM while Redis is down: the worker exits within its drain timeout', async () => {
+    const fleet = await restartableFleet();
+    const drainTimeoutMs = 2_000;
+    const worker = spawnWorker({ ...fleet.env, FLEET_DRAIN_TIMEOUT_MS: String(drainTimeoutMs) }, 'stranded');
+    workers.push(worker);
+    await waitFor('the worker to hold its lease', async () => (await fleet.client.exists(leaseKey(fleet.prefix, 'stranded'))) === 1, 30_000);
+    await killRedis(fleet.redis);
+    await waitFor('the worker to notice', async () => /ECONNREFUSED|ECONNRESET|Connection is closed|redis connection lost/.test(worker.output()), 30_000);
+
+    const exited = once(worker.child, 'exit') as Promise<[number | null, NodeJS.Signals | null]>;
+    const sigterm = Date.now();
+    worker.child.kill('SIGTERM');
+    // Bounded here, so a worker that hangs fails the test instead of the test timing out.
+    const bound = drainTimeoutMs + 8_000;
+    const outcome = await Promise.race([exited, new Promise<'hung'>((r) => setTimeout(() => r('hung'), bound).unref())]);
+    const tookMs = Date.now() - sigterm;
+    if (outcome === 'hung') worker.child.kill('SIGKILL');
+    expect(outcome, `still running ${bound} ms after SIGTERM:\n${worker.output().slice(-2000)}`).not.toBe('hung');
+    // No episode was running: nothing to hand back, so a clean exit.
+    expect(outcome).toEqual([0, null]);
+    expect(tookMs).toBeLessThan(bound);
+    await restartRedis(fleet);
+  });
+
+  it('a Redis outage is logged once per connection, then its recovery with a count', async () => {
+    const fleet = await restartableFleet();
+    const worker = spawnWorker({ ...fleet.env, LOG_LEVEL: 'warn' }, 'noisy');
+    workers.push(worker);
+    await waitFor('the worker to hold its lease', async () => (await fleet.client.exists(leaseKey(fleet.prefix, 'noisy'))) === 1, 30_000);
+    const before = logLines(worker).length;
+    await killRedis(fleet.redis);
+    // An outage of several seconds: ioredis retries every ~50-2000 ms on each connection meanwhile.
+    const downAt = Date.now();
+    await waitFor('the worker to notice', async () => logLines(worker).length > before, 30_000);
+    await waitFor('5 s of outage', async () => Date.now() - downAt > 5_000, 10_000, 200);
+    await restartRedis(fleet);
+    await waitFor('the recovery to be logged', async () => logLines(worker).some((l) => l.msg === 'redis connection recovered'), 30_000);
+    await waitFor('the lease to be renewed', async () => (await fleet.client.exists(leaseKey(fleet.prefix, 'noisy'))) === 1, 30_000);
+    const lines = logLines(worker).slice(before);
+    // One "lost" and one "recovered" per connection (the worker has a handful), nothing per retry.
+    expect(lines.length, lines.map((l) => l.msg).join('\n')).toBeLessThanOrEqual(16);
+    const recovered = lines.filter((l) => l.msg === 'redis connection recovered');
+    expect(recovered.length).toBeGreaterThan(0);
+    for (const r of recovered) expect(r.failures).toEqual(expect.any(Number));
+    expect(await worker.stop()).toBe(0);
+  });
+});
