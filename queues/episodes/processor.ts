@@ -119,7 +119,9 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
         const { kind } = outcome.error.outcome;
         const failures = await deps.redis.hincrby(failuresKey(deps.prefix, episodeId), kind, 1);
         await deps.redis.expire(failuresKey(deps.prefix, episodeId), KEEP_SEC);
-        if (failures <= (deps.retryBudgets[kind] ?? 0)) {
+        // Stalls (lost workers) were infra failures too: they share the infra budget.
+        const stalls = kind === 'infra' ? job.stalledCounter : 0;
+        if (failures + stalls <= (deps.retryBudgets[kind] ?? 0)) {
           await deps.control.release(episodeId);
           throw new RetryableEpisodeError(outcome.error);
         }

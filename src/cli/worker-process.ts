@@ -180,10 +180,14 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       await cleanupQueue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
     },
   };
+  // A stall (the worker running the attempt died) is an infrastructure failure: BullMQ may hand the
+  // job back as often as the infra budget allows (its default, 1, ended episodes after two kills), and
+  // the processor counts stalls and infra failures together against that one budget.
+  const maxStalledCount = episodeDeps.retryBudgets.infra ?? 0;
   const episodes = new Worker(
     EPISODES_QUEUE,
     episodeProcessor(episodeDeps),
-    { ...workerOpts, concurrency: opts.concurrency, settings: { backoffStrategy: episodeBackoffMs } },
+    { ...workerOpts, concurrency: opts.concurrency, maxStalledCount, settings: { backoffStrategy: episodeBackoffMs } },
   );
   const cleanup = new Worker(
     CLEANUP_QUEUE,

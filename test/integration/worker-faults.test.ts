@@ -1,6 +1,7 @@
 // Worker processes facing Redis faults, as operators meet them: SIGTERM while Redis is down must still
 // end the process within its drain timeout, and an outage must be logged once per connection, then its
 // recovery with a count, not once per failed reconnect.
+import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
@@ -8,12 +9,22 @@ import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { startPrivateRedis, type PrivateRedis } from '../../src/cli/private-redis.ts';
 import { leaseKey } from '../../src/redis/redis-keys.ts';
-import { fleetEnvOn, spawnWorker, waitFor, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import {
+  docker, enqueueFile, fleetContainers, fleetEnvOn, sandboxHasFile, spawnWorker, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess,
+} from '../helpers/fleet.ts';
+import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 /** Kill Redis outright (no shutdown, no goodbye to its clients) and wait until it is gone. */
 async function killRedis(redis: PrivateRedis): Promise<void> {
   const exited = once(redis.process, 'exit');
   redis.process.kill('SIGKILL');
+  await exited;
+}
+
+/** kill -9: the worker gets no chance to hand anything back. */
+async function killWorker(worker: WorkerProcess): Promise<void> {
+  const exited = once(worker.child, 'exit');
+  worker.child.kill('SIGKILL');
   await exited;
 }
 
@@ -27,8 +38,14 @@ describe('worker faults', () => {
   let workers: WorkerProcess[] = [];
   const dirs: string[] = [];
 
+  const batches: string[] = [];
+
   afterEach(async () => {
     await Promise.all(workers.map((w) => w.stop()));
+    // Sandboxes of killed workers that no reaper took (the test failed before): not left to the next run.
+    for (const batchId of batches.splice(0)) {
+      for (const c of await fleetContainers('batch', batchId)) await docker.getContainer(c.Id).remove({ force: true }).catch(() => undefined);
+    }
     workers = [];
     await env?.close();
     env = undefined;
@@ -92,5 +109,39 @@ describe('worker faults', () => {
     expect(recovered.length).toBeGreaterThan(0);
     for (const r of recovered) expect(r.failures).toEqual(expect.any(Number));
     expect(await worker.stop()).toBe(0);
+  });
+
+  it('an episode whose worker is killed -9 twice still ends with its real result (stalls use the infra budget)', async () => {
+    const fleet = await restartableFleet();
+    // Short locks, leases and reaper interval, so each stall is noticed and its sandbox reaped in seconds.
+    const fast = { ...fleet.env, FLEET_LOCK_DURATION_MS: '2000', FLEET_LEASE_TTL_MS: '2000', FLEET_REAPER_INTERVAL_MS: '2000' };
+    const file = await writeBatch('tasks: [tasks]\nagent: { kind: command, command: "touch started; sleep 4; echo fixed > state.txt" }\n', {
+      slow: {
+        // A unique instruction, so the batch id (a digest of the batch) is this run's own.
+        yaml: `id: slow\ninstruction: write fixed into state.txt (${randomBytes(4).toString('hex')})\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 5\ndeadlineSec: 120\n`,
+        files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
+      },
+    });
+    const plan = await enqueueFile(fleet, file);
+    batches.push(plan.batchId);
+    const episodeId = plan.jobs[0]!.episodeId;
+    /** Wait until the episode's agent runs in a sandbox of `workerId`. */
+    const agentRunsOn = (workerId: string) => waitFor(`the agent to run on ${workerId}`, async () => {
+      const mine = (await fleetContainers('worker', workerId)).filter((c) => c.State === 'running' && c.Labels['rollout-fleet.episode'] === episodeId);
+      return (await Promise.all(mine.map((c) => sandboxHasFile(c.Id, '/workspace/started')))).some(Boolean);
+    }, 90_000, 200);
+
+    // Default infra budget (2): two workers die mid-episode; the third one finishes it.
+    for (const id of ['doomed-1', 'doomed-2']) {
+      const doomed = spawnWorker(fast, id, 1);
+      workers.push(doomed);
+      await agentRunsOn(id);
+      await killWorker(doomed);
+    }
+    workers.push(spawnWorker(fast, 'survivor', 1));
+    const [result] = await waitForResults(fleet, plan.batchId, 1, 120_000);
+    const { status, reward, workerId, attempts, error } = result!;
+    expect({ status, reward, workerId, attempts, error }).toEqual({ status: 'passed', reward: 1, workerId: 'survivor', attempts: 3, error: undefined });
+    await waitForNoContainers(plan.batchId, 60_000);
   });
 });
