@@ -87,8 +87,9 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       let attempt: number | undefined;
       try {
         // A job that comes back after its result was recorded (its worker died before completing it, or
-        // the batch was enqueued again) ends with that result: the episode never runs twice.
-        const prior = await setUp.run('checking for a recorded result', () => deps.results.get(batchId, episodeId));
+        // the batch was enqueued again) ends with that result: the episode never runs twice. A result a
+        // retry by kind superseded is forgotten here instead, and the episode runs again.
+        const prior = await setUp.run('checking for a recorded result', () => deps.results.resultUnlessRetried(batchId, episodeId));
         if (prior) return prior;
         if ((await setUp.run('marking the episode running', () => deps.control.markRunning(episodeId))) === 'cancelled') {
           return await recordFinal(deps, resultWithoutRun(job, { status: 'cancelled' }, deps.workerId));

@@ -80,6 +80,7 @@ export async function retryCommand(cli: Cli, args: string[]): Promise<number> {
     const report = await retryByKind({ queue: parts.queue, redis: parts.redis, prefix: config.FLEET_PREFIX, results: parts.results, control: parts.control }, batchId, kind);
     for (const id of report.requeued) process.stdout.write(`${id}: requeued\n`);
     for (const id of report.missing) process.stdout.write(`${id}: not retried (its job is no longer kept)\n`);
+    for (const id of report.pending) process.stdout.write(`${id}: not retried (its job is queued or running already)\n`);
     process.stdout.write(`${report.requeued.length} episode(s) of kind ${kind} requeued\n`);
     return 0;
   } finally {

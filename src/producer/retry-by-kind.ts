@@ -1,7 +1,8 @@
 // Re-enqueue only the episodes of a batch that ended with a given failure kind (say, infra after an
-// engine outage), keeping every other result as it is.
-import type { Queue } from 'bullmq';
-import { episodeJobOptions, type EpisodeJob } from '../../queues/episodes/contract.ts';
+// engine outage), keeping every other result as it is. Each episode's job is retried in place
+// (BullMQ's job.retry), so it stays a child of its batch; the steps are ordered so that a crash
+// between any two leaves the episode with its old result or requeued, never with neither.
+import type { Job, Queue } from 'bullmq';
 import type { FailureKind } from '../errors/failure-kind.ts';
 import type { EpisodeControl } from '../episode/episode-control.ts';
 import { resetRetryCounts } from '../episode/retry-counts.ts';
@@ -21,10 +22,42 @@ export interface RetryReport {
   requeued: string[];
   /** Episodes of that kind whose job is no longer kept (past retention): not retried. */
   missing: string[];
+  /** Episodes whose job is not finished (a retry already requeued it): left as they are. */
+  pending: string[];
+}
+
+/**
+ * Step 1: mark the result superseded and give the episode fresh budgets. A crash after this leaves
+ * the result and the finished job as they were.
+ */
+export async function prepareRetry(deps: RetryDeps, episodeId: string): Promise<void> {
+  await deps.results.markForRetry(episodeId);
+  await deps.control.end(episodeId);
+  await resetRetryCounts(deps.redis, deps.prefix, episodeId);
+}
+
+/**
+ * Step 2: the finished job back to waiting, in place: same id, same data, still its batch's child.
+ * A crash after this leaves the old result beside a waiting job; the worker that picks the job up
+ * forgets the result (it is marked) and runs the episode. False when the job is not finished.
+ */
+export async function requeueInPlace(deps: RetryDeps, job: Job): Promise<boolean> {
+  const state = await job.getState();
+  if ((state !== 'completed' && state !== 'failed') || job.id === undefined) return false;
+  // Fresh budgets, BullMQ's included: its stall count (`stc`, which job.retry keeps) would otherwise
+  // end a retried worker_lost episode at its first stall. Harmless on a finished job if we crash here.
+  await deps.redis.hdel(deps.queue.toKey(job.id), 'stc');
+  await job.retry(state, { resetAttemptsMade: true });
+  return true;
+}
+
+/** Step 3: forget the superseded result now, unless the worker that picked the job up already did. */
+export async function forgetSuperseded(deps: RetryDeps, batchId: string, episodeId: string): Promise<void> {
+  await deps.results.resultUnlessRetried(batchId, episodeId);
 }
 
 export async function retryByKind(deps: RetryDeps, batchId: string, kind: FailureKind): Promise<RetryReport> {
-  const report: RetryReport = { requeued: [], missing: [] };
+  const report: RetryReport = { requeued: [], missing: [], pending: [] };
   for (const result of await deps.results.results(batchId)) {
     if (result.status !== 'error' || result.error?.kind !== kind) continue;
     const job = await deps.queue.getJob(result.episodeId);
@@ -32,12 +65,12 @@ export async function retryByKind(deps: RetryDeps, batchId: string, kind: Failur
       report.missing.push(result.episodeId);
       continue;
     }
-    const data = job.data as EpisodeJob;
-    await job.remove();
-    await deps.results.forget(batchId, result.episodeId);
-    await deps.control.end(result.episodeId);
-    await resetRetryCounts(deps.redis, deps.prefix, result.episodeId);
-    await deps.queue.add(job.name, data, { ...episodeJobOptions, jobId: result.episodeId });
+    await prepareRetry(deps, result.episodeId);
+    if (!(await requeueInPlace(deps, job))) {
+      report.pending.push(result.episodeId);
+      continue;
+    }
+    await forgetSuperseded(deps, batchId, result.episodeId);
     report.requeued.push(result.episodeId);
   }
   return report;

@@ -45,6 +45,9 @@ export const episodeFailuresKey = (prefix: string, episodeId: string) => `${pref
 /** Counter: attempts started, across retries, stalls, drains and requeues (numbers each attempt's evidence). */
 export const episodeStartsKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:starts`;
 
+/** String: a retry by kind was requested; the episode's recorded result is superseded once its job runs again. */
+export const episodeRetryKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:retry`;
+
 // --- checkpoints ---
 
 /** Token lock: the critical section of one episode's checkpoint write. */

@@ -1,12 +1,14 @@
 // Where batches and episode results live. Redis is the authority (any host can read status); every
 // result is also written as a JSON file under FLEET_DATA_DIR/results/<batch>/ for people and tools.
-// An episode's first recorded result wins: a duplicate delivery cannot record a second one.
+// An episode's first recorded result wins: a duplicate delivery cannot record a second one. A retry by
+// kind supersedes a result in steps that never leave an episode with neither a job nor a result: mark,
+// requeue the job, then forget the result (or let the next pick-up forget it), atomically with the mark.
 import path from 'node:path';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { EpisodeResult } from '../../queues/episodes/contract.ts';
 import { writeFileAtomic } from '../files/atomic-write.ts';
-import { batchesKey, batchManifestKey, batchResultsKey, batchSummaryKey } from '../redis/redis-keys.ts';
+import { batchesKey, batchManifestKey, batchResultsKey, batchSummaryKey, episodeRetryKey } from '../redis/redis-keys.ts';
 import { summarize, type BatchSummary } from './batch-summary.ts';
 
 export const BatchManifest = z.object({
@@ -17,6 +19,21 @@ export const BatchManifest = z.object({
   episodeIds: z.array(z.string()),
 });
 export type BatchManifest = z.infer<typeof BatchManifest>;
+
+/** A retry mark outlives any job kept for a retry (7 days) by a day. */
+const RETRY_MARK_TTL_SEC = 8 * 24 * 3600;
+
+/**
+ * Atomically: when the episode is marked for a retry, forget its result and the mark.
+ * KEYS[1] batch results hash; KEYS[2] retry mark; ARGV[1] episode id.
+ * Returns the result still recorded (JSON), or false when there is none (none recorded, or just forgotten).
+ */
+const RESULT_UNLESS_RETRIED = `
+if redis.call('DEL', KEYS[2]) == 1 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return false
+end
+return redis.call('HGET', KEYS[1], ARGV[1])`;
 
 export class ResultsStore {
   constructor(
@@ -107,9 +124,22 @@ export class ResultsStore {
     return (await this.redis.hexists(this.resultsKey(batchId), episodeId)) === 1;
   }
 
-  /** Forget an episode's result so it can run again (retry by kind). */
-  async forget(batchId: string, episodeId: string): Promise<void> {
-    await this.redis.hdel(this.resultsKey(batchId), episodeId);
+  /**
+   * Step 1 of a retry by kind: mark the recorded result as superseded. Alone (a crash right after), it
+   * changes nothing a reader sees: the episode keeps its result and its finished job.
+   */
+  async markForRetry(episodeId: string): Promise<void> {
+    await this.redis.set(episodeRetryKey(this.prefix, episodeId), '1', 'EX', RETRY_MARK_TTL_SEC);
+  }
+
+  /**
+   * The result a picked-up job must end with, unless the episode was marked for a retry: then its result
+   * is forgotten (with the mark, atomically) and undefined returned, so the job runs again. Step 3 of a
+   * retry by kind calls it too; whichever comes first forgets, the other finds nothing to do.
+   */
+  async resultUnlessRetried(batchId: string, episodeId: string): Promise<EpisodeResult | undefined> {
+    const raw = (await this.redis.eval(RESULT_UNLESS_RETRIED, 2, this.resultsKey(batchId), episodeRetryKey(this.prefix, episodeId), episodeId)) as string | null;
+    return raw === null ? undefined : EpisodeResult.parse(JSON.parse(raw));
   }
 
   /** How many episodes of the batch have a result, without reading them. */
