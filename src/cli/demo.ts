@@ -78,7 +78,7 @@ export async function demoCommand(cli: Cli, args: string[]): Promise<number> {
         flows, redis: producer, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker),
       });
       process.stderr.write(`demo: enqueued batch ${plan.batchId} (${plan.jobs.length} episodes)\n`);
-      const summary = await waitForBatch(results, queue, plan.batchId, progressView(process.stderr), 15 * 60_000);
+      const summary = await waitForBatch(results, queue, producer, plan.batchId, progressView(process.stderr), 15 * 60_000);
       if (!summary.finished) throw new Error(`the demo batch did not finish within 15 minutes (${summary.done}/${summary.total}); see ${logDir}`);
       await poll('the cleanup queue to remove every sandbox', 120_000, async () =>
         (await docker.listContainers({ all: true, filters: { label: [`${LABEL.batch}=${plan.batchId}`] } })).length === 0);

@@ -6,11 +6,13 @@ import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import { spawn } from 'node:child_process';
 import { afterEach, describe, expect, it } from 'vitest';
+import { runningEpisodes } from '../../src/cli/progress.ts';
 import { startPrivateRedis, type PrivateRedis } from '../../src/cli/private-redis.ts';
 import { leaseKey } from '../../src/redis/redis-keys.ts';
 import {
-  docker, enqueueFile, fleetContainers, fleetEnvOn, sandboxHasFile, spawnWorker, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess,
+  BIN, docker, enqueueFile, fleetContainers, fleetEnvOn, sandboxHasFile, spawnWorker, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess,
 } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
@@ -143,5 +145,57 @@ describe('worker faults', () => {
     const { status, reward, workerId, attempts, error } = result!;
     expect({ status, reward, workerId, attempts, error }).toEqual({ status: 'passed', reward: 1, workerId: 'survivor', attempts: 3, error: undefined });
     await waitForNoContainers(plan.batchId, 60_000);
+  });
+
+  /** A batch of `samples` episodes whose agent takes `agentSec`; unique per call (its own batch id). */
+  async function sleepyBatch(samples: number, agentSec: number): Promise<string> {
+    return writeBatch(`tasks: [tasks]\nsamples: ${samples}\nagent: { kind: command, command: "touch started; sleep ${agentSec}; echo fixed > state.txt" }\n`, {
+      sleepy: {
+        yaml: `id: sleepy\ninstruction: write fixed (${randomBytes(4).toString('hex')})\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 5\ndeadlineSec: 120\n`,
+        files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
+      },
+    });
+  }
+
+  it('enqueue --wait survives a Redis restart mid-batch and exits 0 with the summary', async () => {
+    const fleet = await restartableFleet();
+    workers.push(spawnWorker(fleet.env, 'steady', 2));
+    const samples = 4;
+    const file = await sleepyBatch(samples, 3);
+    const enqueue = spawn(process.execPath, [BIN, 'enqueue', file, '--wait', '--json', '--timeout-ms', '180000'], { env: fleet.env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    enqueue.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    enqueue.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    const closed = once(enqueue, 'close') as Promise<[number | null]>;
+    // Mid-batch: the batch is enqueued (enqueue is waiting) and episodes run.
+    await waitFor('episodes to be running', async () => (await fleet.episodes.getActiveCount()) >= 1, 60_000);
+    const batchId = (await fleet.results.listBatches())[0]!;
+    batches.push(batchId);
+    await killRedis(fleet.redis);
+    // Down long enough for several of the --wait polls (every 500 ms) to fail.
+    const downAt = Date.now();
+    await waitFor('2 s of outage', async () => Date.now() - downAt > 2_000, 10_000, 100);
+    await restartRedis(fleet);
+    const [code] = await closed;
+    expect(code, stderr).toBe(0);
+    const summary = JSON.parse(stdout) as { batchId: string; total: number; done: number; finished: boolean };
+    expect(summary).toMatchObject({ batchId, total: samples, done: samples, finished: true });
+    expect(stderr).toMatch(/Redis connection lost/);
+    expect(stderr).toMatch(/Redis connection recovered/);
+  });
+
+  it('the running count leaves out jobs of killed workers that are still listed active', async () => {
+    const fleet = await restartableFleet();
+    // Short locks: a killed worker's jobs lose their lock in 2 s; no other worker declares them stalled.
+    const doomed = spawnWorker({ ...fleet.env, FLEET_LOCK_DURATION_MS: '2000' }, 'counted', 2);
+    workers.push(doomed);
+    const plan = await enqueueFile(fleet, await sleepyBatch(2, 30));
+    batches.push(plan.batchId);
+    await waitFor('both episodes to run', async () => (await runningEpisodes(fleet.episodes, fleet.client, plan.batchId)) === 2, 60_000);
+    await killWorker(doomed);
+    await waitFor('the killed worker\'s jobs to lose their locks', async () => (await runningEpisodes(fleet.episodes, fleet.client, plan.batchId)) === 0, 10_000);
+    // Still listed active (only a live worker's stall check moves them), but nobody runs them.
+    expect(await fleet.episodes.getActiveCount()).toBe(2);
   });
 });
