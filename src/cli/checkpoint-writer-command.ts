@@ -3,6 +3,7 @@
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import { Redis } from 'ioredis';
+import { RedisOutageLog } from '../redis/outage-log.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
 import { CHECKPOINT_WRITER_OPTIONS } from './command-table.ts';
 import { UsageError, requireRedisUrl, type Cli } from './context.ts';
@@ -19,8 +20,11 @@ export async function checkpointWriterCommand(cli: Cli, args: string[]): Promise
   const stop = Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
   const name = config.FLEET_WORKER_ID;
   const connection = new Redis(requireRedisUrl(config), { maxRetriesPerRequest: null, connectionName: `rf-checkpoint-writer-${name}` });
-  connection.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
+  // An outage is logged once per connection and its recovery with a count, not once per reconnect.
+  const outages = new RedisOutageLog(log);
+  outages.watchClient(connection, 'connection');
   const writer = startCheckpointWriter({
+    onError: outages.listener('checkpoints-worker', 'worker error', 'error'),
     connection,
     prefix: config.FLEET_PREFIX,
     dataDir: config.FLEET_DATA_DIR,

@@ -6,6 +6,7 @@ import { parseArgs } from 'node:util';
 import type { FleetConfig } from '../config/config.ts';
 import type { Credentials } from '../dashboard/basic-auth.ts';
 import { startDashboard } from '../dashboard/dashboard-server.ts';
+import { RedisOutageLog } from '../redis/outage-log.ts';
 import { fleetQueues } from './queue-clients.ts';
 import { DASHBOARD_OPTIONS } from './command-table.ts';
 import { UsageError, connectProducer, requireRedisUrl, type Cli } from './context.ts';
@@ -40,8 +41,10 @@ export async function dashboardCommand(cli: Cli, args: string[]): Promise<number
   const host = localOnly ? '127.0.0.1' : config.FLEET_DASHBOARD_HOST;
   const listenPort = port(values.port, config.FLEET_DASHBOARD_PORT);
   const redis = await connectProducer(requireRedisUrl(config), 'rf-dashboard');
-  redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
-  const queues = fleetQueues(redis, config.FLEET_PREFIX, log);
+  // An outage is logged once and its recovery with a count; the queues relay this connection's errors.
+  const outages = new RedisOutageLog(log);
+  outages.watchClient(redis, 'connection');
+  const queues = fleetQueues(redis, config.FLEET_PREFIX, () => outages.listener('connection', 'queue error'));
   try {
     const dashboard = await startDashboard({
       redis,

@@ -2,7 +2,6 @@
 // because BullMQ takes ~0.4 s to load and `status` and `results` do not need it.
 import { FlowProducer, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
-import type { Logger } from 'pino';
 import { BATCHES_QUEUE } from '../../queues/batches/contract.ts';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import { CLEANUP_QUEUE } from '../../queues/cleanup/contract.ts';
@@ -13,11 +12,11 @@ export function episodesQueue(redis: Redis, prefix: string): Queue {
   return new Queue(EPISODES_QUEUE, { connection: redis, prefix });
 }
 
-/** Every queue of the fleet (what the dashboard shows), with its errors logged. */
-export function fleetQueues(redis: Redis, prefix: string, log: Logger): Queue[] {
+/** Every queue of the fleet (what the dashboard shows); `onError` gives each queue its error listener. */
+export function fleetQueues(redis: Redis, prefix: string, onError: (queue: string) => (err: Error) => void): Queue[] {
   return [BATCHES_QUEUE, EPISODES_QUEUE, CHECKPOINTS_QUEUE, CLEANUP_QUEUE].map((name) => {
     const queue = new Queue(name, { connection: redis, prefix });
-    queue.on('error', (err) => log.warn({ queue: name, err: err.message }, 'queue error'));
+    queue.on('error', onError(name));
     return queue;
   });
 }

@@ -6,7 +6,7 @@ import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import type { FleetConfig } from '../config/config.ts';
 import type { ModelSettings } from '../episode/episode-attempt.ts';
-import { startWorker } from './worker-process.ts';
+import { CLOSE_GRACE_MS, startWorker, type WorkerHandle } from './worker-process.ts';
 import { WORKER_OPTIONS } from './command-table.ts';
 import { positiveOption, requireRedisUrl, type Cli } from './context.ts';
 
@@ -31,8 +31,11 @@ export function modelSettings(config: FleetConfig, baseUrl: string): ModelSettin
 export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
   const { values } = parseArgs({ args, options: WORKER_OPTIONS });
   const { config, log } = cli;
+  // Listen before anything starts: a SIGTERM during start-up (say, Redis down, so start-up waits on it)
+  // must stop the worker too, not kill it half-started or be ignored.
+  const stop = Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
   const docker = await cli.docker();
-  const handle = await startWorker({
+  const starting = startWorker({
     redisUrl: requireRedisUrl(config),
     prefix: config.FLEET_PREFIX,
     dataDir: config.FLEET_DATA_DIR,
@@ -53,7 +56,25 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     checkpointWorkspaceCapBytes: config.FLEET_CHECKPOINT_WORKSPACE_CAP_BYTES,
     checkpointStagedTtlMs: config.FLEET_CHECKPOINT_STAGED_TTL_MS,
   });
-  const [signal] = await Promise.race([once(process, 'SIGTERM'), once(process, 'SIGINT')]);
+  const first = await Promise.race([starting.then((handle) => ({ handle })), stop.then(([signal]) => ({ signal: signal as string }))]);
+  let handle: WorkerHandle;
+  let signal: string;
+  if ('handle' in first) {
+    handle = first.handle;
+    [signal] = (await stop) as [string];
+  } else {
+    signal = first.signal;
+    // Stopped while starting: start-up gets the same deadline a close would; no Worker exists before
+    // it ends, so nothing runs that would need handing back.
+    const deadlineMs = config.FLEET_DRAIN_TIMEOUT_MS + CLOSE_GRACE_MS;
+    log.info({ signal, deadlineMs }, 'stopping during start-up');
+    const started = await Promise.race([starting, new Promise<undefined>((r) => setTimeout(() => r(undefined), deadlineMs).unref())]);
+    if (started === undefined) {
+      log.warn({ deadlineMs }, 'start-up did not finish before the close deadline; exiting');
+      process.exit(0);
+    }
+    handle = started;
+  }
   log.info({ signal, running: handle.running.size, drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS }, 'draining');
   const outcome = await handle.close();
   const code = outcome.notHandedBack > 0 ? EXIT_NOT_HANDED_BACK : 0;
@@ -62,4 +83,3 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
   if (!outcome.clean) process.exit(code);
   return code;
 }
-

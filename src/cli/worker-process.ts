@@ -55,7 +55,7 @@ export interface WorkerOptions {
   drainTimeoutMs?: number;
   /**
    * After the drain timeout, how long close() may still take to hand episodes back and release its
-   * connections before it cuts them. @default 5000
+   * connections before it cuts them. @default CLOSE_GRACE_MS
    */
   closeGraceMs?: number;
   /** @default DEFAULT_RETRY_BUDGETS */
@@ -93,6 +93,9 @@ export interface WorkerHandle {
   close(): Promise<CloseOutcome>;
 }
 
+/** Time close() may take past the drain timeout before it cuts its connections. */
+export const CLOSE_GRACE_MS = 5_000;
+
 export const DEFAULT_SNAPSHOT_LIMITS: ExtractLimits = { maxBytes: 16 * 1024 * 1024, maxFileBytes: 4 * 1024 * 1024, maxFiles: 2_000 };
 
 export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
@@ -101,7 +104,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const leaseTtlMs = opts.leaseTtlMs ?? 15_000;
   const reaperIntervalMs = opts.reaperIntervalMs ?? 30_000;
   const drainTimeoutMs = opts.drainTimeoutMs ?? 30_000;
-  const closeGraceMs = opts.closeGraceMs ?? 5_000;
+  const closeGraceMs = opts.closeGraceMs ?? CLOSE_GRACE_MS;
   const snapshotLimits = opts.snapshotLimits ?? DEFAULT_SNAPSHOT_LIMITS;
 
   const connection = new Redis(opts.redisUrl, { maxRetriesPerRequest: null, connectionName: `rf-worker-${workerId}` });

@@ -90,6 +90,29 @@ describe('worker faults', () => {
     await restartRedis(fleet);
   });
 
+  it('SIGTERM while Redis is down with an episode running: exits at the deadline, code 5 (not handed back)', async () => {
+    const fleet = await restartableFleet();
+    const drainTimeoutMs = 1_000;
+    const worker = spawnWorker({ ...fleet.env, FLEET_DRAIN_TIMEOUT_MS: String(drainTimeoutMs) }, 'stranded-busy', 1);
+    workers.push(worker);
+    const plan = await enqueueFile(fleet, await sleepyBatch(1, 60));
+    batches.push(plan.batchId);
+    await waitFor('the agent to run', async () => {
+      const mine = (await fleetContainers('worker', 'stranded-busy')).filter((c) => c.State === 'running');
+      return (await Promise.all(mine.map((c) => sandboxHasFile(c.Id, '/workspace/started')))).some(Boolean);
+    }, 60_000, 200);
+    await killRedis(fleet.redis);
+    const exited = once(worker.child, 'exit') as Promise<[number | null, NodeJS.Signals | null]>;
+    worker.child.kill('SIGTERM');
+    // Drain timeout + the 5 s close grace + a margin for a loaded host.
+    const bound = drainTimeoutMs + 5_000 + 5_000;
+    const outcome = await Promise.race([exited, new Promise<'hung'>((r) => setTimeout(() => r('hung'), bound).unref())]);
+    if (outcome === 'hung') worker.child.kill('SIGKILL');
+    expect(outcome, worker.output().slice(-2000)).toEqual([5, null]);
+    expect(worker.output()).toMatch(/close deadline passed: connections cut/);
+    await restartRedis(fleet);
+  });
+
   it('a Redis outage is logged once per connection, then its recovery with a count', async () => {
     const fleet = await restartableFleet();
     const worker = spawnWorker({ ...fleet.env, LOG_LEVEL: 'warn' }, 'noisy');
