@@ -5,10 +5,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { episodeJobOptions } from '../../queues/episodes/contract.ts';
-import { planBatch } from '../../src/producer/enqueue-batch.ts';
+import { planBatch, storeTaskArchives } from '../../src/producer/enqueue-batch.ts';
 import { fleetKeyPattern } from '../../src/redis/redis-keys.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
-import { putTaskArchive } from '../../src/tasks/task-store.ts';
 import type { WorkerHandle } from '../../src/cli/worker-process.ts';
 import { EXAMPLES, runCli, startFleetEnv, waitFor, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
 
@@ -83,7 +82,7 @@ describe('bad input', () => {
       const plan = await planBatch(await loadBatch(await scratchBatch(GOOD_BATCH)));
       const good = plan.jobs.find((j) => j.task.id === 'fix-greeting')!;
       const noImage = { ...plan.jobs.find((j) => j.task.id === 'set-port')!, task: { ...good.task, id: 'set-port', image: 'rollout-fleet/absent:1' } };
-      for (const packed of plan.packed) await putTaskArchive(env.client, env.prefix, packed);
+      await storeTaskArchives(plan, env.client, env.prefix);
       await env.results.putManifest({ batchId: plan.batchId, name: plan.name, createdAt: new Date().toISOString(), episodeIds: ['junk', noImage.episodeId, good.episodeId] });
 
       const junk = { batchId: plan.batchId, task: { id: 'x' }, sample: 'first' };
