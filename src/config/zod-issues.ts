@@ -28,9 +28,11 @@ const MAX_SHOWN_CHARS = 80;
 /** Unknown keys named in one message; a file that is not a task.yaml at all has one per line. */
 const MAX_SHOWN_KEYS = 3;
 
-function show(value: unknown, secret: boolean): string {
+function show(value: unknown, secret: boolean, root: boolean): string {
   if (value === undefined) return 'nothing';
   if (secret) return 'a value, not shown';
+  // The whole document: whatever the file is (a linked /etc/passwd), its text is not repeated.
+  if (root && typeof value === 'string') return `a string of ${Buffer.byteLength(value)} bytes`;
   if (Array.isArray(value)) return `a list of ${value.length} item${value.length === 1 ? '' : 's'}`;
   if (value !== null && typeof value === 'object') {
     const keys = Object.keys(value).length;
@@ -52,6 +54,6 @@ export function describeIssues(error: z.ZodError, input: unknown): string[] {
   return error.issues.map((issue) => {
     const field = issue.path.length > 0 ? printable(issue.path.map(String).join('.')) : '(root)';
     const secret = issue.path.some((key) => typeof key === 'string' && SECRET_FIELD.test(key));
-    return `${field}: ${message(issue)} (got ${show(valueAt(input, issue.path), secret)})`;
+    return `${field}: ${message(issue)} (got ${show(valueAt(input, issue.path), secret, issue.path.length === 0)})`;
   });
 }
