@@ -6,7 +6,7 @@ import { Writable, type Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
-import type { Limits } from '../tasks/task-spec.ts';
+import { isImageReference, type Limits } from '../tasks/task-spec.ts';
 import { OutputCapture, type CapturedOutput } from './captured-output.ts';
 import { dockerCall, dockerError, dockerStatusOf } from './docker-client.ts';
 import { sandboxLabels, type SandboxOwner } from './labels.ts';
@@ -102,6 +102,10 @@ export class SandboxSession {
   ): Promise<SandboxSession> {
     const { docker, callTimeoutMs } = deps;
     const call = { timeoutMs: callTimeoutMs, signal };
+    // The name becomes part of the request path: one that is not an image reference never goes out.
+    if (!isImageReference(spec.image)) {
+      throw new FleetError('image_not_found', `image ${JSON.stringify(spec.image)} is not a valid image reference`);
+    }
     // Image.inspect takes no abort signal (it would become a query parameter); the race bounds it.
     const image = await dockerCall('inspect image', call, () => docker.getImage(spec.image).inspect()).catch((err: unknown) => {
       if (dockerStatusOf(err) === 404) {
