@@ -36,6 +36,8 @@ export interface ChaosOptions {
   seed: number;
   /** Give up waiting for the results after this long. */
   timeoutMs: number;
+  /** Each agent works a random 0 to this many seconds before it answers (longer: more faults mid-agent). @default 3 */
+  agentMaxSec?: number;
   log?: (line: string) => void;
 }
 
@@ -72,14 +74,14 @@ function random(seed: number): () => number {
 const REAPER_INTERVAL_MS = 2_000;
 
 /** Two tasks whose rewards are known: `pass` always passes, `fail` always fails (1 and 0). */
-async function chaosBatch(samples: number): Promise<string> {
+async function chaosBatch(samples: number, agentMaxSec: number): Promise<string> {
   const task = (id: string, answer: string) => ({
     yaml: `id: ${id}\ninstruction: write fixed into state.txt\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 10\n` +
       'deadlineSec: 120\nreserves: { setupSec: 30, verifySec: 20, closeSec: 15 }\n',
     files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '', 'workspace/answer': `${answer}\n` },
   });
   // The agent works for a moment (so faults find episodes mid-agent), then writes its task's answer.
-  return writeBatch(`name: chaos\ntasks: [tasks]\nsamples: ${samples}\nagent: { kind: command, command: "sleep $((RANDOM % 3)); cat answer > state.txt" }\n`, {
+  return writeBatch(`name: chaos\ntasks: [tasks]\nsamples: ${samples}\nagent: { kind: command, command: "sleep $((RANDOM % ${agentMaxSec})); cat answer > state.txt" }\n`, {
     pass: task('pass', 'fixed'),
     fail: task('fail', 'wrong'),
   });
@@ -125,7 +127,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosFigures> {
   };
 
   try {
-    const plan = await enqueueFile(env, await chaosBatch(samples));
+    const plan = await enqueueFile(env, await chaosBatch(samples, opts.agentMaxSec ?? 3));
     const allRecorded = async () => (await env.results.resultCount(plan.batchId)) >= episodes;
     for (let n = 0; n < opts.faults && !(await allRecorded()); n++) {
       // Strike while episodes run: wait for one, then a random moment later.

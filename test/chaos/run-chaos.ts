@@ -1,12 +1,14 @@
-// `npm run chaos`: the long chaos run (defaults: 60 episodes, 3 workers, 60 faults of every kind, a
+// `npm run chaos`: the long chaos run (defaults: 120 episodes of up to 8 s, 3 workers, 60 faults of every kind, a
 // private second engine so dockerd can be restarted), printed as the table docs/RELIABILITY.md keeps.
-// Options: --episodes N --workers N --concurrency N --faults N --kinds a,b --seed N --shared-engine
+// Options: --episodes N --workers N --concurrency N --faults N --kinds a,b --seed N --agent-max-sec N
+// --shared-engine (no dockerd restarts: the engine other work uses is never touched)
 import { parseArgs } from 'node:util';
 import { FAULT_KINDS, runChaos, type FaultKind } from './chaos-run.ts';
 
 const { values } = parseArgs({
   options: {
-    episodes: { type: 'string', default: '60' },
+    episodes: { type: 'string', default: '120' },
+    'agent-max-sec': { type: 'string', default: '8' },
     workers: { type: 'string', default: '3' },
     concurrency: { type: 'string', default: '3' },
     faults: { type: 'string', default: '60' },
@@ -37,6 +39,7 @@ const figures = await runChaos({
   secondEngine,
   seed,
   timeoutMs: 15 * 60_000,
+  agentMaxSec: Math.max(1, int('agent-max-sec', values['agent-max-sec'])),
   log: (line) => process.stderr.write(`[chaos] ${line}\n`),
 });
 
