@@ -10,7 +10,8 @@ import { BatchFile } from '../../src/tasks/batch-spec.ts';
 import { TaskDefaults, TaskFile, TaskSpec, resolveTask } from '../../src/tasks/task-spec.ts';
 import type { z } from 'zod';
 
-const RUNS = { numRuns: 300 };
+/** 300 runs a property in the suite; `npm run fuzz` sets FUZZ_RUNS (default there: 20,000). */
+const RUNS = { numRuns: Number(process.env.FUZZ_RUNS ?? 300) };
 
 /** Values a YAML file can give a field: anything JSON can hold, and strings long enough to be a file. */
 const value = fc.oneof(fc.jsonValue({ maxDepth: 3 }), fc.string({ minLength: 81, maxLength: 300 }), fc.integer(), fc.double());
