@@ -28,7 +28,8 @@ export interface VolumeMount {
 export interface SessionSpec {
   image: string;
   workdir: string;
-  limits: Limits;
+  /** diskMb is optional: a session opened outside an episode (a probe, a test) need not cap its disk. */
+  limits: Omit<Limits, 'diskMb'> & Partial<Pick<Limits, 'diskMb'>>;
   owner: SandboxOwner;
   /** Volumes mounted read-only. @default [] */
   mounts?: VolumeMount[];
