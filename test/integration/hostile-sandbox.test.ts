@@ -57,9 +57,9 @@ describe('hostile sandboxes', () => {
       // stay zombies holding the verifier's pids.
       // The agent ends when a fork of its own fails (fatal in busybox sh): the limit is reached.
       orphans: task('orphans', "echo fixed > state.txt\nsetsid sh -c 'while :; do (sleep 1000 &) 2>/dev/null; done' </dev/null >/dev/null 2>&1 &\necho orphans=filling\nwhile (true); do :; done\n"),
-      // A fork bomb still running at the agent's ceiling (the agent blocks on a FIFO: no fork needed):
-      // graded as a timeout, never "the verifier could not fork".
-      'fork-bomb': task('fork-bomb', 'mkfifo /tmp/never\necho fixed > state.txt\nf() { f | f & }\nf\nread x < /tmp/never\n', { ceilingSec: 3 }),
+      // A fork bomb still running at the agent's ceiling (the agent blocks on a FIFO, no fork needed,
+      // again when the bomb's signals interrupt it): graded as a timeout, never "the verifier could not fork".
+      'fork-bomb': task('fork-bomb', 'mkfifo /tmp/never\necho fixed > state.txt\nf() { f | f & }\nf\nwhile :; do read x < /tmp/never; done\n', { ceilingSec: 3 }),
       // A child the kernel OOM-kills (not the container's init): the result must say so.
       oom: task('oom', 'head -c 200m /dev/zero | tail > /dev/null\necho "tail=$?"\necho fixed > state.txt\n', { limits: '{ memoryMb: 32, cpus: 0.5, pids: 32 }' }),
       // 3x the disk limit (bounded, so a broken fix cannot fill the engine's disk), then it would idle.
