@@ -48,6 +48,12 @@ export const Limits = z.object({
   cpus: z.number().positive().max(64),
   /** Process limit of the sandbox (fork bombs stop here). @default 256 */
   pids: z.number().int().min(8).max(32_768),
+  /**
+   * Disk the sandbox may write (its writable layer: the workdir, /tmp, anything outside the read-only
+   * mounts). Enforced by the engine where it can (overlay2 on xfs with pquota), else watched during
+   * the agent, which is stopped past it (kind agent, `disk_limit_exceeded`). @default 2048
+   */
+  diskMb: z.number().int().min(16).max(1_048_576),
 });
 export type Limits = z.infer<typeof Limits>;
 
@@ -69,7 +75,7 @@ export const BUILTIN_DEFAULTS = {
   image: DEFAULT_IMAGE,
   workdir: '/workspace',
   deadlineSec: 600,
-  limits: { memoryMb: 512, cpus: 1, pids: 256 },
+  limits: { memoryMb: 512, cpus: 1, pids: 256, diskMb: 2048 },
   reserves: { setupSec: 60, closeSec: 30 },
 } as const;
 
@@ -167,7 +173,8 @@ export const TaskSpec = z
     workdir: workdirPath,
     verify: z.strictObject({ command, timeoutSec: seconds }),
     deadlineSec: seconds,
-    limits: Limits.strict(),
+    // A job queued before diskMb existed still parses, with the built-in default.
+    limits: Limits.extend({ diskMb: Limits.shape.diskMb.default(BUILTIN_DEFAULTS.limits.diskMb) }).strict(),
     reserves: Reserves.strict(),
   })
   .superRefine((task, ctx) => {
