@@ -20,11 +20,12 @@ export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> 
   const loaded = await loadBatch(file);
   const redis = await connectProducer(requireRedisUrl(config));
   const flows = flowProducer(redis, config.FLEET_PREFIX);
-  const queue = episodesQueue(redis, config.FLEET_PREFIX);
   // They relay the connection's errors; the wait below says once that Redis is away (an 'error'
   // without a listener would end the process instead).
   flows.on('error', () => undefined);
-  queue.on('error', () => undefined);
+  // Made only to follow the batch: a Queue writes its meta key when made, and a rejected batch must
+  // leave Redis as it found it.
+  let queue: ReturnType<typeof episodesQueue> | undefined;
   try {
     const results = new ResultsStore(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR);
     const plan = await enqueueBatch(loaded, { flows, redis, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker) });
@@ -33,13 +34,15 @@ export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> 
       process.stdout.write(values.json ? `${JSON.stringify({ batchId: plan.batchId, episodes: plan.jobs.length, added: plan.added })}\n` : `${plan.batchId}\n`);
       return 0;
     }
+    queue = episodesQueue(redis, config.FLEET_PREFIX);
+    queue.on('error', () => undefined);
     const summary = await waitForBatch(results, queue, redis, plan.batchId, progressView(process.stderr), timeoutMs);
     process.stdout.write(values.json ? `${JSON.stringify(summary)}\n` : `${formatSummary(summary)}\n`);
     // Exit 4: the wait timed out before every episode had a result (the batch goes on).
     return summary.finished ? 0 : 4;
   } finally {
     await flows.close();
-    await queue.close();
+    await queue?.close();
     await redis.quit().catch(() => redis.disconnect());
   }
 }

@@ -62,7 +62,9 @@ export async function main(argv: string[]): Promise<number> {
       import('../config/config.ts'), import('../errors/fleet-error.ts'), import('./context.ts'),
     ]);
     if (err instanceof ConfigError || err instanceof UsageError || err instanceof FleetError || isParseArgsError(err)) {
-      process.stderr.write(`rollout-fleet ${name}: ${(err as Error).message}\n`);
+      // Messages name user paths and values: no control character of theirs reaches the terminal.
+      const { printableLines } = await import('../errors/printable.ts');
+      process.stderr.write(`rollout-fleet ${name}: ${printableLines((err as Error).message)}\n`);
       return EXIT_USAGE;
     }
     throw err;

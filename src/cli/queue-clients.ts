@@ -7,6 +7,7 @@ import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import { CLEANUP_QUEUE } from '../../queues/cleanup/contract.ts';
 import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
 import { dockerStatusOf, type Docker } from '../sandbox/docker-client.ts';
+import { isImageReference } from '../tasks/task-spec.ts';
 
 export function episodesQueue(redis: Redis, prefix: string): Queue {
   return new Queue(EPISODES_QUEUE, { connection: redis, prefix });
@@ -25,14 +26,20 @@ export function flowProducer(redis: Redis, prefix: string): FlowProducer {
   return new FlowProducer({ connection: redis, prefix });
 }
 
-/** Whether the engine has an image; undefined when the engine cannot be asked from here. */
+/**
+ * Whether the engine has an image; undefined when the engine cannot be asked from here. A name that is
+ * not an image reference never reaches the engine (it would be a path of the request), and a 400 for
+ * one that is means the engine cannot have it either.
+ */
 export function imageChecker(docker: Docker) {
   return async (image: string): Promise<boolean | undefined> => {
+    if (!isImageReference(image)) return false;
     try {
       await docker.getImage(image).inspect();
       return true;
     } catch (err) {
-      return dockerStatusOf(err) === 404 ? false : undefined;
+      const status = dockerStatusOf(err);
+      return status === 404 || status === 400 ? false : undefined;
     }
   };
 }

@@ -1,11 +1,12 @@
 // The agent phase: the agent works in the sandbox until it finishes or its ceiling passes (the
 // episode deadline minus the set-up, verification and close reserves, minus the agent time earlier
 // attempts used). Each checkpoint it reports is read from the sandbox and offered to the writer in the
-// background: the agent never waits for it.
+// background: the agent never waits for it. An agent that writes past its disk limit is stopped.
 import { createAgent, type AgentRun } from '../agent/agent.ts';
 import type { AgentEvent } from '../agent/reference/agent-events.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { agentCeilingSec } from '../tasks/task-spec.ts';
+import { watchDisk } from '../sandbox/disk-watch.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
 import type { AgentResume } from './resume-phase.ts';
@@ -42,9 +43,22 @@ export async function runAgent(
     state.snapshots.add(handOver);
     void handOver.finally(() => state.snapshots.delete(handOver));
   };
+  // Where the engine cannot cap the sandbox's disk, the agent is watched and stopped past its limit:
+  // the engine kills the sandbox at once (no pid needed inside), then the agent's signal aborts.
+  const diskStop = new AbortController();
+  const diskWatch = session.diskEnforced ? undefined : watchDisk(session, {
+    limitMb: task.limits.diskMb, signal: deadline.signal, log: deps.log,
+    onExceeded: (err) => {
+      deps.log.warn({ containerId: session.containerId, err: err.message }, 'disk limit exceeded; stopping the agent');
+      void session.kill(deadline.signal)
+        .catch((killErr: unknown) => deps.log.warn({ err: String(killErr) }, 'killing the sandbox past its disk limit failed'))
+        .finally(() => diskStop.abort(err));
+    },
+  });
   try {
-    return await deadline.runStoppable('running the agent', (signal) => createAgent(job.agent).run({
-      session, task, archive: state.archive!, ceilingMs, outputCapBytes: deps.outputCapBytes, signal,
+    const run = await deadline.runStoppable('running the agent', (phaseSignal) => createAgent(job.agent).run({
+      session, task, archive: state.archive!, ceilingMs, outputCapBytes: deps.outputCapBytes,
+      signal: AbortSignal.any([phaseSignal, diskStop.signal]),
       runtimeMountPath: state.runtime!.mountPath,
       ...(state.proxy && { modelSocket: state.proxy.socketPath }),
       ...(resume && { resume }),
@@ -61,7 +75,22 @@ export async function runAgent(
     }),
     // Output that arrives after the phase's end is still kept as evidence, if close has not written it yet.
     (late) => (state.agentRun ??= late));
+    // The last poll may predate the agent's last writes: one more measurement before anything is graded.
+    const overLimit = diskWatch && (diskWatch.exceeded ?? await deadline.run('measuring the sandbox\'s disk', (signal) => diskWatch.checkNow(signal))
+      // A measurement the engine could not give does not cost the agent its grade.
+      .catch(() => undefined));
+    if (overLimit) {
+      // Its output is still kept as evidence; the episode is the agent's failure, not a reward.
+      state.agentRun = run;
+      state.timings.agentMs = run.durationMs;
+      throw overLimit;
+    }
+    return run;
+  } catch (err) {
+    // Whatever else ended the phase, an agent already past its disk limit failed for that.
+    throw diskWatch?.exceeded ?? err;
   } finally {
+    diskWatch?.stop();
     deadline.dispose();
   }
 }

@@ -52,6 +52,8 @@ export async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, s
     if (collectSignal.aborted) log.warn({ budgetMs }, 'evidence collection passed its share of the close reserve; kept what it had');
     else log.warn({ err: String(err) }, 'collecting evidence failed');
   });
+  // The OOM state is read (or its time is up): the engine's event stream for this sandbox is closed.
+  state.session?.stopWatching();
 
   if (state.containerId !== undefined) {
     const id = state.containerId;

@@ -1,7 +1,8 @@
-// Verification: nothing the agent started may outlive it, the model is gone, and only then do the
-// hidden tests enter the sandbox (owned by root, so the agent's leftovers cannot edit them). The
-// verifier's exit code is the reward. The whole phase runs under the verification reserve: a stalled
-// engine ends it as an infrastructure failure, never as a reward.
+// Verification: nothing the agent started may outlive it (the sandbox is restarted, so every pid and
+// all memory are free again), the model is gone, and only then do the hidden tests enter the sandbox
+// (owned by root, so the agent's leftovers cannot edit them). The verifier's exit code is the reward.
+// The whole phase runs under the verification reserve: a stalled engine ends it as an infrastructure
+// failure, never as a reward.
 import type { AgentRun } from '../agent/agent.ts';
 import { Deadline, PhaseTimeout } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
@@ -22,8 +23,10 @@ export async function verify(
   const { task } = attempt.job;
   const deadline = new Deadline('verify', task.reserves.verifySec * 1000, attempt.signal);
   try {
-    // A process left behind could rewrite the tests once they arrive; the verifier runs without a model.
-    await deadline.run('stopping what the agent left running', (signal) => session.killAll(signal));
+    // A process left behind could rewrite the tests once they arrive, and a fork bomb or zombies could
+    // leave the verifier no pid to run with: the engine kills everything and starts the sandbox afresh
+    // (files kept), which needs no pid inside it. The verifier runs without a model.
+    await deadline.run('stopping what the agent left running', (signal) => session.restart(signal));
     await deadline.run('closing the model proxy', async () => state.proxy?.close());
     const tests = await state.archive!.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
     await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal));

@@ -31,6 +31,8 @@ export type FleetErrorCode =
   | 'model_error'
   /** The agent crashed or broke its protocol. */
   | 'agent_crashed'
+  /** The agent wrote more than its task's limits.diskMb into the sandbox and was stopped. */
+  | 'disk_limit_exceeded'
   /** The verifier exited with a code that is neither pass (0) nor fail (1). */
   | 'verifier_crashed'
   /** The verifier passed its timeout. */
@@ -61,6 +63,7 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
     case 'model_error':
       return { kind: 'model', retry: true };
     case 'agent_crashed':
+    case 'disk_limit_exceeded':
       return { kind: 'agent', retry: false };
     case 'verifier_crashed':
     case 'verifier_timeout':

@@ -8,18 +8,32 @@ import type { FlowProducer } from 'bullmq';
 import { BATCHES_QUEUE, batchJobOptions, type BatchJob } from '../../queues/batches/contract.ts';
 import type { Redis } from 'ioredis';
 import { EPISODES_QUEUE, EpisodeJob, episodeJobOptions } from '../../queues/episodes/contract.ts';
+import { describeIssues } from '../config/zod-issues.ts';
 import { FleetError } from '../errors/fleet-error.ts';
+import { printable } from '../errors/printable.ts';
 import type { ResultsStore } from '../results/results-store.ts';
-import type { LoadedBatch } from '../tasks/load-task.ts';
-import { packTask, type PackedTask } from '../tasks/pack-task.ts';
+import { batchNameFromFile, type LoadedBatch } from '../tasks/load-task.ts';
+import { digestTask, packTask } from '../tasks/pack-task.ts';
 import { putTaskArchive } from '../tasks/task-store.ts';
+
+/** A task of the plan: its folder and the digest its archive had when the plan was made. */
+export interface PlannedTask {
+  dir: string;
+  digest: string;
+}
 
 export interface BatchPlan {
   batchId: string;
   name: string;
   jobs: EpisodeJob[];
-  packed: PackedTask[];
+  tasks: PlannedTask[];
 }
+
+/**
+ * What one batch may add to Redis in episode jobs: each carries its task's spec (the instruction
+ * included), so samples multiply it. Past this, the producer's memory and Redis's grow with it.
+ */
+export const MAX_BATCH_JOB_BYTES = 64 * 1024 * 1024;
 
 export interface EnqueueDeps {
   flows: FlowProducer;
@@ -30,35 +44,69 @@ export interface EnqueueDeps {
   imageExists?: (image: string) => Promise<boolean | undefined>;
 }
 
-/** Pack every task and build the jobs; touches nothing outside this process. */
+function invalidBatch(file: string, message: string): FleetError {
+  return new FleetError('invalid_task', `${printable(file)}: ${message}`);
+}
+
+/**
+ * Digest every task (one at a time, keeping no archive: memory stays that of one task) and build the
+ * jobs; touches nothing outside this process.
+ */
 export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<BatchPlan> {
   const { batch } = loaded;
-  const name = batch.name ?? path.basename(loaded.file).replace(/\.ya?ml$/, '').toLowerCase().replace(/[^a-z0-9_-]/g, '-').slice(0, 40);
-  const packedTasks = await Promise.all(loaded.tasks.map(async (t) => ({ task: t, packed: await packTask(t.dir) })));
+  const name = batch.name ?? batchNameFromFile(loaded.file);
+  if (name === undefined) throw invalidBatch(loaded.file, 'name: missing, and the file name gives none: set name: (got nothing)');
+  const tasks: Array<PlannedTask & { spec: LoadedBatch['tasks'][number]['spec'] }> = [];
+  for (const t of loaded.tasks) tasks.push({ dir: t.dir, spec: t.spec, digest: await digestTask(t.dir) });
   const identity = JSON.stringify({
     name,
     samples: batch.samples,
     agent: batch.agent,
-    tasks: packedTasks.map(({ task, packed }) => ({ spec: task.spec, digest: packed.digest })),
+    tasks: tasks.map(({ spec, digest }) => ({ spec, digest })),
   });
   const batchId = `${name}-${createHash('sha256').update(identity).digest('hex').slice(0, 12)}`;
+  // Measured before the jobs exist: one job per task tells the size of all its samples.
+  let jobBytes = 0;
+  for (const { spec, digest } of tasks) {
+    const one = { episodeId: `${batchId}.${spec.id}.${batch.samples - 1}`, batchId, sample: batch.samples - 1, task: spec, taskDigest: digest, agent: batch.agent, enqueuedAt: now.toISOString() };
+    jobBytes += Buffer.byteLength(JSON.stringify(one)) * batch.samples;
+  }
+  if (jobBytes > MAX_BATCH_JOB_BYTES) {
+    throw invalidBatch(
+      loaded.file,
+      `samples: ${batch.samples} samples of ${tasks.length} task(s) make ${jobBytes} bytes of episode jobs, more than the ${MAX_BATCH_JOB_BYTES} a batch may add to Redis (fewer samples, shorter instructions, or several batches) (got ${batch.samples})`,
+    );
+  }
   const jobs: EpisodeJob[] = [];
-  for (const { task, packed } of packedTasks) {
+  for (const { spec, digest } of tasks) {
     for (let sample = 0; sample < batch.samples; sample++) {
-      jobs.push(
-        EpisodeJob.parse({
-          episodeId: `${batchId}.${task.spec.id}.${sample}`,
-          batchId,
-          sample,
-          task: task.spec,
-          taskDigest: packed.digest,
-          agent: batch.agent,
-          enqueuedAt: now.toISOString(),
-        }),
-      );
+      const parsed = EpisodeJob.safeParse({
+        episodeId: `${batchId}.${spec.id}.${sample}`,
+        batchId,
+        sample,
+        task: spec,
+        taskDigest: digest,
+        agent: batch.agent,
+        enqueuedAt: now.toISOString(),
+      });
+      // The batch and task schemas should make this impossible; if they do not, say so, without a stack.
+      if (!parsed.success) throw invalidBatch(loaded.file, `cannot make episode jobs: ${describeIssues(parsed.error, spec).join('; ')}`);
+      jobs.push(parsed.data);
     }
   }
-  return { batchId, name, jobs, packed: packedTasks.map((p) => p.packed) };
+  return { batchId, name, jobs, tasks: tasks.map(({ dir, digest }) => ({ dir, digest })) };
+}
+
+/**
+ * Pack each planned task again and store it, one at a time; a folder that changed since the plan is
+ * refused (its jobs name the old digest).
+ */
+export async function storeTaskArchives(plan: Pick<BatchPlan, 'tasks'>, redis: Redis, prefix: string): Promise<void> {
+  for (const { dir, digest } of plan.tasks) {
+    const packed = await packTask(dir);
+    if (packed.digest !== digest) throw invalidBatch(dir, 'changed while the batch was being enqueued; enqueue it again');
+    await putTaskArchive(redis, prefix, packed);
+  }
 }
 
 export interface EnqueuedBatch extends BatchPlan {
@@ -74,12 +122,12 @@ export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps): Prom
       if ((await deps.imageExists(task.spec.image)) === false) {
         throw new FleetError(
           'image_not_found',
-          `${path.join(task.dir, 'task.yaml')}: image: not found on the Docker engine (got ${JSON.stringify(task.spec.image)})`,
+          `${printable(path.join(task.dir, 'task.yaml'))}: image: not found on the Docker engine (got ${JSON.stringify(task.spec.image)})`,
         );
       }
     }
   }
-  for (const packed of plan.packed) await putTaskArchive(deps.redis, deps.prefix, packed);
+  await storeTaskArchives(plan, deps.redis, deps.prefix);
   const first = await deps.results.putManifest({
     batchId: plan.batchId,
     name: plan.name,

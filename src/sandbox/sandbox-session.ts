@@ -1,18 +1,22 @@
 // One sandbox session = one container per episode, created once and reused for set-up, agent,
 // verification and evidence, then closed once. Hardened by default: no network, no capabilities,
-// no privilege escalation, memory/CPU/pids limits, a non-root user; every call has a deadline.
+// no privilege escalation, memory/CPU/pids/disk limits, a reaping init the sandbox user cannot
+// signal, every process the session starts run as a non-root user; every call has a deadline.
 import { randomBytes } from 'node:crypto';
 import { Writable, type Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
-import type { Limits } from '../tasks/task-spec.ts';
+import { isImageReference, type Limits } from '../tasks/task-spec.ts';
 import { OutputCapture, type CapturedOutput } from './captured-output.ts';
 import { dockerCall, dockerError, dockerStatusOf } from './docker-client.ts';
+import { createDiskQuota, diskQuotaRefused } from './disk-quota.ts';
+import { watchOomEvents, type OomWatch } from './oom-events.ts';
 import { sandboxLabels, type SandboxOwner } from './labels.ts';
 
 /** The user every process in the sandbox runs as; files copied in are owned by it. */
 export const SANDBOX_USER = { uid: 1000, gid: 1000 } as const;
+const SANDBOX_USER_SPEC = `${SANDBOX_USER.uid}:${SANDBOX_USER.gid}`;
 
 /** How long a TERM-ed process tree gets before KILL. */
 const KILL_GRACE_MS = 2_000;
@@ -28,7 +32,8 @@ export interface VolumeMount {
 export interface SessionSpec {
   image: string;
   workdir: string;
-  limits: Limits;
+  /** diskMb is optional: a session opened outside an episode (a probe, a test) need not cap its disk. */
+  limits: Omit<Limits, 'diskMb'> & Partial<Pick<Limits, 'diskMb'>>;
   owner: SandboxOwner;
   /** Volumes mounted read-only. @default [] */
   mounts?: VolumeMount[];
@@ -69,6 +74,7 @@ export interface ExecResult {
 
 export interface ContainerState {
   running: boolean;
+  /** The kernel OOM-killed a process of the sandbox (any process, not only its init) since it was created. */
   oomKilled: boolean;
   exitCode: number | null;
 }
@@ -88,6 +94,9 @@ export class SandboxSession {
     readonly containerId: string,
     readonly imageId: string,
     readonly spec: SessionSpec,
+    /** The engine itself caps the writable layer at limits.diskMb (StorageOpt size); else the caller watches it. */
+    readonly diskEnforced: boolean,
+    private readonly oom: OomWatch | undefined,
   ) {}
 
   /**
@@ -102,6 +111,10 @@ export class SandboxSession {
   ): Promise<SandboxSession> {
     const { docker, callTimeoutMs } = deps;
     const call = { timeoutMs: callTimeoutMs, signal };
+    // The name becomes part of the request path: one that is not an image reference never goes out.
+    if (!isImageReference(spec.image)) {
+      throw new FleetError('image_not_found', `image ${JSON.stringify(spec.image)} is not a valid image reference`);
+    }
     // Image.inspect takes no abort signal (it would become a query parameter); the race bounds it.
     const image = await dockerCall('inspect image', call, () => docker.getImage(spec.image).inspect()).catch((err: unknown) => {
       if (dockerStatusOf(err) === 404) {
@@ -116,12 +129,15 @@ export class SandboxSession {
     const { limits, owner } = spec;
     const memoryBytes = limits.memoryMb * 1024 * 1024;
     const name = `rf-${owner.episodeId}-a${owner.attempt}-${randomBytes(3).toString('hex')}`.replace(/[^A-Za-z0-9_.-]/g, '_');
-    const container = await dockerCall('create container', call, (abortSignal) =>
+    const create = (storageOpt: Record<string, string> | undefined) => dockerCall('create container', call, (abortSignal) =>
       docker.createContainer({
         name,
         Image: image.Id,
         Cmd: ['sleep', '2147483647'],
-        User: `${SANDBOX_USER.uid}:${SANDBOX_USER.gid}`,
+        // The container's own processes (the engine's init, which reaps orphans, and its sleep) run as
+        // root, without capabilities: the sandbox user cannot signal them, so no agent can stop its
+        // sandbox or leave zombies holding its pids. Everything the session starts runs as SANDBOX_USER.
+        User: '0:0',
         WorkingDir: spec.workdir,
         Env: ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'HOME=/tmp'],
         Labels: sandboxLabels(owner),
@@ -134,6 +150,8 @@ export class SandboxSession {
           MemorySwap: memoryBytes,
           NanoCpus: Math.round(limits.cpus * 1e9),
           PidsLimit: limits.pids,
+          Init: true,
+          ...(storageOpt && { StorageOpt: storageOpt }),
           AutoRemove: false,
           Mounts: [
             ...(spec.mounts ?? []).map((m) => ({
@@ -146,8 +164,21 @@ export class SandboxSession {
         abortSignal,
       } as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }),
     );
+    // Asked of the engine with the first sandbox that has a disk limit; an engine that refuses is remembered.
+    const quota = limits.diskMb === undefined ? undefined : createDiskQuota(docker, limits.diskMb);
+    let diskEnforced = quota !== undefined;
+    const container = await create(quota).catch(async (err: unknown) => {
+      if (quota === undefined || !diskQuotaRefused(docker, err)) throw err;
+      diskEnforced = false;
+      return create(undefined);
+    });
     onCreated(container.id);
-    const session = new SandboxSession(deps, container, container.id, image.Id, spec);
+    // From before the start: an OOM kill of any process in the sandbox is reported, not only of its init.
+    const oom = await watchOomEvents(docker, container.id, call).catch((err: unknown) => {
+      deps.log.warn({ containerId: container.id, err: String(err) }, 'not watching OOM events; only an OOM kill of init will be seen');
+      return undefined;
+    });
+    const session = new SandboxSession(deps, container, container.id, image.Id, spec, diskEnforced, oom);
     await dockerCall('start container', call, (abortSignal) => container.start({ abortSignal }));
     deps.log.debug({ containerId: container.id, image: spec.image }, 'sandbox started');
     return session;
@@ -167,20 +198,57 @@ export class SandboxSession {
     ) as Promise<Readable>;
   }
 
-  /** Whether the container still runs and whether the kernel OOM-killed it. */
+  /** Whether the container still runs and whether the kernel OOM-killed any of its processes. */
   async state(signal?: AbortSignal): Promise<ContainerState> {
     const info = await dockerCall('inspect container', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
       this.container.inspect({ abortSignal }),
     );
     return {
       running: info.State.Running,
-      oomKilled: info.State.OOMKilled,
+      // State.OOMKilled is set only when init itself was killed; the engine's oom events see every kill.
+      oomKilled: info.State.OOMKilled || (this.oom?.count ?? 0) > 0,
       exitCode: info.State.Running ? null : info.State.ExitCode,
     };
   }
 
+  /** Bytes in the sandbox's writable layer (workdir, /tmp, anything outside its mounts). Costs a walk of the layer. */
+  async writableLayerBytes(signal?: AbortSignal): Promise<number> {
+    const info = await dockerCall('inspect container size', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
+      this.container.inspect({ size: true, abortSignal } as object) as Promise<Docker.ContainerInspectInfo & { SizeRw?: number }>,
+    );
+    return info.SizeRw ?? 0;
+  }
+
   /**
-   * Run `sh -c command` in the sandbox. Past `timeoutMs` (or when `signal` aborts) every process of
+   * Kill every process in the sandbox and start it again: a fresh init, no process of the agent's
+   * left (daemons, a fork bomb, zombies), all its pids and memory free. The files stay. Done by the
+   * engine, so it works when the sandbox has no pid left for an exec.
+   */
+  async restart(signal?: AbortSignal): Promise<void> {
+    await dockerCall('restart container', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
+      this.container.restart({ t: 0, abortSignal }),
+    );
+  }
+
+  /** Stop everything in the sandbox at once, through the engine (no exec, so no pid, is needed). */
+  async kill(signal?: AbortSignal): Promise<void> {
+    try {
+      await dockerCall('kill container', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
+        this.container.kill({ signal: 'KILL', abortSignal }),
+      );
+    } catch (err) {
+      // 409: not running any more, which is what was asked.
+      if (dockerStatusOf(err) !== 409) throw err;
+    }
+  }
+
+  /** Stop watching the engine's events for this sandbox (close calls it once the evidence is kept). */
+  stopWatching(): void {
+    this.oom?.stop();
+  }
+
+  /**
+   * Run `sh -c command` in the sandbox as SANDBOX_USER. Past `timeoutMs` (or when `signal` aborts) every process of
    * the sandbox user but the container's init is sent TERM, then KILL: the whole tree stops, daemons
    * the command left behind included.
    */
@@ -194,6 +262,7 @@ export class SandboxSession {
         AttachStderr: true,
         AttachStdin: false,
         Tty: false,
+        User: SANDBOX_USER_SPEC,
         WorkingDir: opts.workdir ?? this.spec.workdir,
         Env: Object.entries(opts.env ?? {}).map(([k, v]) => `${k}=${v}`),
         abortSignal,
@@ -250,12 +319,7 @@ export class SandboxSession {
     };
   }
 
-  /** KILL every process of the sandbox user but init (whatever an agent left running). */
-  async killAll(signal?: AbortSignal): Promise<void> {
-    await this.signalAll('KILL', signal);
-  }
-
-  /** TERM every process of the sandbox user but init, then KILL what is left after a grace period. */
+  /** TERM every process of the sandbox user, then KILL what is left after a grace period. */
   private async stopProcesses(ended: Promise<void>): Promise<void> {
     for (const sig of ['TERM', 'KILL'] as const) {
       await this.signalAll(sig);
@@ -269,7 +333,7 @@ export class SandboxSession {
     const call = { timeoutMs: this.deps.callTimeoutMs, signal };
     try {
       const exec = await dockerCall('create kill exec', call, (abortSignal) =>
-        this.container.exec({ Cmd: ['kill', `-${sig}`, '-1'], AttachStdout: true, AttachStderr: true, abortSignal } as never),
+        this.container.exec({ Cmd: ['kill', `-${sig}`, '-1'], User: SANDBOX_USER_SPEC, AttachStdout: true, AttachStderr: true, abortSignal } as never),
       );
       const stream = (await dockerCall('start kill exec', call, (abortSignal) =>
         exec.start({ hijack: true, stdin: false, abortSignal } as Docker.ExecStartOptions),
@@ -287,6 +351,7 @@ export class SandboxSession {
 
   /** Remove the container (and its anonymous volumes). Idempotent: a container already gone counts as removed. */
   async remove(timeoutMs = this.deps.callTimeoutMs): Promise<void> {
+    this.stopWatching();
     if (this.closed) return;
     await removeContainer(this.deps.docker, this.containerId, timeoutMs);
     this.closed = true;

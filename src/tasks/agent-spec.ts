@@ -3,11 +3,24 @@
 // tool-calling agent, talking to a model through the episode's model proxy.
 import { z } from 'zod';
 
+/**
+ * A command is one argument of `sh -c`, and Linux caps one argument at 128 KiB (MAX_ARG_STRLEN): the
+ * same cap as task-spec.ts's MAX_COMMAND_BYTES (spelled twice because both files must stay leaves
+ * for the queue contracts; test/unit/task-limits.test.ts checks they agree).
+ */
+export const MAX_AGENT_COMMAND_BYTES = 64 * 1024;
+
 export const OracleAgentSpec = z.strictObject({ kind: z.literal('oracle') });
 export const CommandAgentSpec = z.strictObject({
   kind: z.literal('command'),
   /** Run with sh -c in the task's workdir, as the sandbox user. */
-  command: z.string().min(1),
+  command: z
+    .string()
+    .min(1)
+    .superRefine((c, ctx) => {
+      const bytes = Buffer.byteLength(c);
+      if (bytes > MAX_AGENT_COMMAND_BYTES) ctx.addIssue({ code: 'custom', message: `at most ${MAX_AGENT_COMMAND_BYTES} bytes (got ${bytes} bytes)` });
+    }),
 });
 
 /** The reference LLM agent: a tool-calling loop in the sandbox, talking to the model through the proxy. */
@@ -23,6 +36,15 @@ export const LlmAgentSpec = z.strictObject({
   outputReserveTokens: z.number().int().min(16).default(2_048),
   /** Per-call timeout of the bash tool. @default 60 */
   bashTimeoutSec: z.number().positive().max(3_600).default(60),
+}).superRefine((spec, ctx) => {
+  // A window the output reserve fills leaves no room for a prompt: the agent could never call the model.
+  if (spec.outputReserveTokens >= spec.contextWindowTokens) {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['outputReserveTokens'],
+      message: `must be less than contextWindowTokens (${spec.contextWindowTokens}), which must also hold the prompt`,
+    });
+  }
 });
 export type LlmAgentSpec = z.infer<typeof LlmAgentSpec>;
 

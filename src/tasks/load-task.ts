@@ -1,12 +1,15 @@
 // Reads task folders and batch files from disk and validates them. Every problem is reported as
 // "<file>: <field>: <message> (got <value>)" so the user knows what to fix; nothing is enqueued from a
-// batch that has any problem.
-import { readFile, readdir, stat } from 'node:fs/promises';
+// batch that has any problem. Files are read as hostile: only regular files (a FIFO would block, a
+// device never end), at most MAX_YAML_BYTES, and a file's content is never echoed back.
+import { constants, type Stats } from 'node:fs';
+import { open, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import type { z } from 'zod';
 import { describeIssues } from '../config/zod-issues.ts';
 import { FleetError } from '../errors/fleet-error.ts';
+import { printable } from '../errors/printable.ts';
 import { BatchFile } from './batch-spec.ts';
 import { TaskFile, TaskSpec, resolveTask, type TaskDefaults } from './task-spec.ts';
 
@@ -22,21 +25,65 @@ export interface LoadedBatch {
   tasks: LoadedTask[];
 }
 
+/** A batch file or task.yaml is a page of settings: the instruction is capped far below this. */
+export const MAX_YAML_BYTES = 1024 * 1024;
+
 function invalid(file: string, problems: string[]): FleetError {
-  return new FleetError('invalid_task', problems.map((p) => `${file}: ${p}`).join('\n'));
+  return new FleetError('invalid_task', problems.map((p) => `${printable(file)}: ${p}`).join('\n'));
 }
 
-async function readYaml(file: string): Promise<unknown> {
-  let text: string;
+function fileType(st: Stats): string {
+  if (st.isDirectory()) return 'a folder';
+  if (st.isFIFO()) return 'a FIFO';
+  if (st.isSocket()) return 'a socket';
+  if (st.isCharacterDevice() || st.isBlockDevice()) return 'a device';
+  if (st.isSymbolicLink()) return 'a symbolic link';
+  return 'not a file';
+}
+
+/**
+ * The text of a regular file of at most MAX_YAML_BYTES. O_NONBLOCK makes opening a FIFO return at
+ * once (fstat then names it); with `noFollow`, a symbolic link is refused instead of followed.
+ */
+async function readBounded(file: string, noFollow: boolean): Promise<string> {
+  let handle;
   try {
-    text = await readFile(file, 'utf8');
+    handle = await open(file, constants.O_RDONLY | constants.O_NONBLOCK | (noFollow ? constants.O_NOFOLLOW : 0));
   } catch (err) {
-    throw invalid(file, [`cannot read: ${(err as NodeJS.ErrnoException).code ?? String(err)}`]);
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ELOOP' && noFollow) throw invalid(file, ['not a regular file (a symbolic link: the task archive would hold the link, not the file)']);
+    throw invalid(file, [`cannot read: ${code ?? 'unknown error'}`]);
   }
   try {
-    return parseYaml(text);
+    const st = await handle.stat();
+    if (!st.isFile()) throw invalid(file, [`not a regular file (${fileType(st)})`]);
+    if (st.size > MAX_YAML_BYTES) throw invalid(file, [`larger than ${MAX_YAML_BYTES} bytes (got ${st.size} bytes)`]);
+    // One byte more than allowed tells a file that grew since fstat from one that did not.
+    const buf = Buffer.alloc(MAX_YAML_BYTES + 1);
+    let length = 0;
+    for (;;) {
+      const { bytesRead } = await handle.read(buf, length, buf.length - length, null);
+      if (bytesRead === 0) break;
+      length += bytesRead;
+      if (length > MAX_YAML_BYTES) throw invalid(file, [`larger than ${MAX_YAML_BYTES} bytes`]);
+    }
+    return buf.subarray(0, length).toString('utf8');
   } catch (err) {
-    throw invalid(file, [`not valid YAML: ${(err as Error).message.split('\n')[0]}`]);
+    if (err instanceof FleetError) throw err;
+    throw invalid(file, [`cannot read: ${(err as NodeJS.ErrnoException).code ?? 'unknown error'}`]);
+  } finally {
+    await handle.close();
+  }
+}
+
+async function readYaml(file: string, noFollow: boolean): Promise<unknown> {
+  const text = await readBounded(file, noFollow);
+  try {
+    // logLevel 'error': YAML warnings would go to stderr with a piece of the file.
+    return parseYaml(text, { logLevel: 'error' });
+  } catch (err) {
+    // The first line only: the ones after it quote the file around the error.
+    throw invalid(file, [`not valid YAML: ${printable((err as Error).message.split('\n')[0] ?? '')}`]);
   }
 }
 
@@ -54,7 +101,7 @@ async function isDir(p: string): Promise<boolean> {
 export async function loadTask(dir: string, defaults: TaskDefaults = {}): Promise<LoadedTask> {
   const abs = path.resolve(dir);
   const yamlFile = path.join(abs, 'task.yaml');
-  const file = parseWith(TaskFile, await readYaml(yamlFile), yamlFile);
+  const file = parseWith(TaskFile, await readYaml(yamlFile, true), yamlFile);
   const resolved = resolveTask(file, defaults);
   const spec = parseWith(TaskSpec, resolved, yamlFile);
   for (const required of ['workspace', 'tests']) {
@@ -67,7 +114,7 @@ export async function loadTask(dir: string, defaults: TaskDefaults = {}): Promis
 
 /** A path from a batch file: a task folder, or a folder whose sub-folders with task.yaml are tasks. */
 async function expandTaskPath(p: string, batchFile: string, index: number): Promise<string[]> {
-  if (!(await isDir(p))) throw invalid(batchFile, [`tasks.${index}: not a folder (got ${JSON.stringify(p)})`]);
+  if (!(await isDir(p))) throw invalid(batchFile, [`tasks.${index}: not a folder (got ${printable(JSON.stringify(p))})`]);
   if (await stat(path.join(p, 'task.yaml')).then(() => true, () => false)) return [p];
   const children = (await readdir(p, { withFileTypes: true }))
     .filter((d) => d.isDirectory())
@@ -78,15 +125,37 @@ async function expandTaskPath(p: string, batchFile: string, index: number): Prom
     if (await stat(path.join(child, 'task.yaml')).then(() => true, () => false)) tasks.push(child);
   }
   if (tasks.length === 0) {
-    throw invalid(batchFile, [`tasks.${index}: no task.yaml in ${JSON.stringify(p)} or its sub-folders`]);
+    throw invalid(batchFile, [`tasks.${index}: no task.yaml in ${printable(JSON.stringify(p))} or its sub-folders`]);
   }
   return tasks;
+}
+
+/** The oracle runs solution/solve.sh: a task without it would fail on the worker, after the enqueue. */
+async function checkOracleSolution(task: LoadedTask): Promise<void> {
+  const solve = path.join(task.dir, 'solution', 'solve.sh');
+  const ok = await stat(solve).then((s) => s.isFile(), () => false);
+  if (!ok) throw invalid(task.dir, ['solution/solve.sh: missing (the oracle agent runs it; give the task a solution/ or use another agent)']);
+}
+
+/** The batch name a file's base name gives ("_hidden.yaml" gives "hidden"), or undefined (".yaml"). */
+export function batchNameFromFile(file: string): string | undefined {
+  const name = path
+    .basename(file)
+    .replace(/\.ya?ml$/i, '')
+    .toLowerCase()
+    .replace(/[^a-z0-9_-]/g, '-')
+    .replace(/^[^a-z0-9]+/, '')
+    .slice(0, 40);
+  return name === '' ? undefined : name;
 }
 
 /** Load and validate a batch file and every task it names. Throws on the first file with problems. */
 export async function loadBatch(batchPath: string): Promise<LoadedBatch> {
   const file = path.resolve(batchPath);
-  const batch = parseWith(BatchFile, await readYaml(file), file);
+  const parsed = parseWith(BatchFile, await readYaml(file, false), file);
+  const name = parsed.name ?? batchNameFromFile(file);
+  if (name === undefined) throw invalid(file, ['name: missing, and the file name gives none: set name: (got nothing)']);
+  const batch = { ...parsed, name };
   const base = path.dirname(file);
   const dirs: string[] = [];
   for (const [index, p] of batch.tasks.entries()) {
@@ -96,9 +165,10 @@ export async function loadBatch(batchPath: string): Promise<LoadedBatch> {
   const seen = new Map<string, string>();
   for (const dir of dirs) {
     const task = await loadTask(dir, batch.defaults);
+    if (batch.agent.kind === 'oracle') await checkOracleSolution(task);
     const other = seen.get(task.spec.id);
     if (other !== undefined && other !== dir) {
-      throw invalid(file, [`tasks: id ${JSON.stringify(task.spec.id)} is used by both ${other} and ${dir}`]);
+      throw invalid(file, [`tasks: id ${JSON.stringify(task.spec.id)} is used by both ${printable(other)} and ${printable(dir)}`]);
     }
     if (other === undefined) tasks.push(task);
     seen.set(task.spec.id, dir);

@@ -1,9 +1,43 @@
 // The task format: a folder with task.yaml, workspace/ (copied in at set-up), tests/ (copied in only
 // for verification, after the agent stopped) and an optional solution/. This file holds the schemas of
 // task.yaml as written (TaskFile) and of a task fully resolved against batch defaults (TaskSpec).
+// A leaf (it imports nothing of the repository): the episode job's contract parses it, on the producer
+// and on the worker, so what it refuses never reaches the engine or the sandbox.
 import { z } from 'zod';
 
 export const DEFAULT_IMAGE = 'rollout-fleet/sandbox:busybox';
+
+// Image references, checked against the grammar of distribution/reference before any engine call:
+// dockerode puts the name into the request path unescaped, so "..//host:port/x" would make the
+// client send its request to another host, and "busybox; rm -rf /" reaches the engine as a 400.
+//   reference   := name [ ":" tag ] [ "@" digest ]
+//   name        := [domain '/'] remote-name; domain := (domain-name | '[' IPv6 ']') [':' port]
+//   remote-name := path-component ['/' path-component]*; path-component := [a-z0-9]+ (separator [a-z0-9]+)*
+//   separator   := [_.] | __ | [-]+;  tag := [\w][\w.-]{0,127}
+//   digest      := algorithm ":" hex{32,}; algorithm := [A-Za-z][A-Za-z0-9]* ([-_+.][A-Za-z][A-Za-z0-9]*)*
+const ALPHANUMERIC = '[a-z0-9]+';
+const PATH_COMPONENT = `${ALPHANUMERIC}(?:(?:[._]|__|[-]+)${ALPHANUMERIC})*`;
+const DOMAIN_COMPONENT = '(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])';
+const DOMAIN = `(?:${DOMAIN_COMPONENT}(?:\\.${DOMAIN_COMPONENT})*|\\[[a-fA-F0-9:]+\\])(?::[0-9]+)?`;
+const IMAGE_NAME = `(?:${DOMAIN}/)?${PATH_COMPONENT}(?:/${PATH_COMPONENT})*`;
+const IMAGE_REFERENCE = new RegExp(
+  `^(${IMAGE_NAME})(?::[\\w][\\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$`,
+);
+/** distribution/reference's limit on the name (without tag and digest). */
+const MAX_IMAGE_NAME_LENGTH = 255;
+/** Longer strings are not matched at all (a backtracking regex must not see 200 KiB). */
+const MAX_IMAGE_REFERENCE_LENGTH = 512;
+
+/** Whether `ref` is a well-formed image reference (and so names an image, nothing else). */
+export function isImageReference(ref: string): boolean {
+  if (ref.length > MAX_IMAGE_REFERENCE_LENGTH) return false;
+  const match = IMAGE_REFERENCE.exec(ref);
+  return match !== null && (match[1]?.length ?? Infinity) <= MAX_IMAGE_NAME_LENGTH;
+}
+
+export const ImageReference = z
+  .string()
+  .refine(isImageReference, 'not a valid image reference: [registry[:port]/]lower-case/path[:tag][@sha256:<hex>]');
 
 const seconds = z.number().positive().max(7 * 24 * 3600);
 
@@ -14,6 +48,12 @@ export const Limits = z.object({
   cpus: z.number().positive().max(64),
   /** Process limit of the sandbox (fork bombs stop here). @default 256 */
   pids: z.number().int().min(8).max(32_768),
+  /**
+   * Disk the sandbox may write (its writable layer: the workdir, /tmp, anything outside the read-only
+   * mounts). Enforced by the engine where it can (overlay2 on xfs with pquota), else watched during
+   * the agent, which is stopped past it (kind agent, `disk_limit_exceeded`). @default 2048
+   */
+  diskMb: z.number().int().min(16).max(1_048_576),
 });
 export type Limits = z.infer<typeof Limits>;
 
@@ -35,7 +75,7 @@ export const BUILTIN_DEFAULTS = {
   image: DEFAULT_IMAGE,
   workdir: '/workspace',
   deadlineSec: 600,
-  limits: { memoryMb: 512, cpus: 1, pids: 256 },
+  limits: { memoryMb: 512, cpus: 1, pids: 256, diskMb: 2048 },
   reserves: { setupSec: 60, closeSec: 30 },
 } as const;
 
@@ -48,9 +88,55 @@ const absolutePath = z
   .regex(/^\/[^\0]*$/, 'must be an absolute path')
   .refine((p) => !p.split('/').includes('..'), 'must not contain ..');
 
+/**
+ * Folders of the sandbox the fleet owns or the kernel provides: a workdir there would be overwritten
+ * by the workspace copy, hide the tests or the runtime, or point into /proc. The same paths are
+ * spelled where they are used (TESTS_DIR, SOLUTION_DIR, RUNTIME_MOUNT_PATH, AGENT_INPUT_PATH's
+ * folder); test/unit/task-limits.test.ts checks the two lists agree.
+ */
+export const RESERVED_SANDBOX_PATHS = ['/proc', '/sys', '/dev', '/tests', '/solution', '/opt/rollout-fleet', '/tmp/rollout-agent'] as const;
+
+/** The path with duplicate slashes, "." segments and a trailing slash gone ("//proc/./" is "/proc"). */
+function normalizeAbsolute(p: string): string {
+  const parts = p.split('/').filter((s) => s !== '' && s !== '.');
+  return `/${parts.join('/')}`;
+}
+
+const workdirPath = absolutePath.superRefine((p, ctx) => {
+  const norm = normalizeAbsolute(p);
+  if (norm === '/') {
+    ctx.addIssue({ code: 'custom', message: 'must not be / (the workspace is copied into it)' });
+    return;
+  }
+  const reserved = RESERVED_SANDBOX_PATHS.find((r) => norm === r || norm.startsWith(`${r}/`));
+  if (reserved !== undefined) ctx.addIssue({ code: 'custom', message: `must not be in ${reserved} (reserved in the sandbox)` });
+});
+
+/**
+ * Every agent must be able to deliver the instruction: the command agent passes it in one environment
+ * string (Linux caps one at 128 KiB, MAX_ARG_STRLEN), the llm agent in its first message. 64 KiB
+ * leaves room for the variable's name and for more than one such string under the total ARG_MAX.
+ */
+export const MAX_INSTRUCTION_BYTES = 64 * 1024;
+/** A command is one argument of `sh -c`: the same 128 KiB per-string cap applies; same margin. */
+export const MAX_COMMAND_BYTES = 64 * 1024;
+
+/** A non-empty string of at most `max` bytes of UTF-8; the message names the limit and the size found. */
+export function boundedText(max: number) {
+  return z
+    .string()
+    .min(1)
+    .superRefine((s, ctx) => {
+      const bytes = Buffer.byteLength(s);
+      if (bytes > max) ctx.addIssue({ code: 'custom', message: `at most ${max} bytes (got ${bytes} bytes)` });
+    });
+}
+const instruction = boundedText(MAX_INSTRUCTION_BYTES);
+const command = boundedText(MAX_COMMAND_BYTES);
+
 export const Verify = z.object({
   /** Shell command run in the workdir after the tests were copied to /tests. Exit 0 passes, 1 fails. */
-  command: z.string().min(1),
+  command,
   /** The verifier is stopped after this long and the episode ends with kind verifier. @default 60 */
   timeoutSec: seconds.default(60),
 });
@@ -58,9 +144,9 @@ export const Verify = z.object({
 /** task.yaml as written: everything but id, instruction and verify may come from batch defaults. */
 export const TaskFile = z.strictObject({
   id: taskId,
-  instruction: z.string().min(1),
-  image: z.string().min(1).optional(),
-  workdir: absolutePath.optional(),
+  instruction,
+  image: ImageReference.optional(),
+  workdir: workdirPath.optional(),
   verify: Verify.strict(),
   deadlineSec: seconds.optional(),
   limits: Limits.partial().strict().optional(),
@@ -70,8 +156,8 @@ export type TaskFile = z.infer<typeof TaskFile>;
 
 /** The fields a batch may set for all of its tasks. */
 export const TaskDefaults = z.strictObject({
-  image: z.string().min(1).optional(),
-  workdir: absolutePath.optional(),
+  image: ImageReference.optional(),
+  workdir: workdirPath.optional(),
   deadlineSec: seconds.optional(),
   limits: Limits.partial().strict().optional(),
   reserves: Reserves.partial().strict().optional(),
@@ -82,12 +168,13 @@ export type TaskDefaults = z.infer<typeof TaskDefaults>;
 export const TaskSpec = z
   .strictObject({
     id: taskId,
-    instruction: z.string().min(1),
-    image: z.string().min(1),
-    workdir: absolutePath,
-    verify: z.strictObject({ command: z.string().min(1), timeoutSec: seconds }),
+    instruction,
+    image: ImageReference,
+    workdir: workdirPath,
+    verify: z.strictObject({ command, timeoutSec: seconds }),
     deadlineSec: seconds,
-    limits: Limits.strict(),
+    // A job queued before diskMb existed still parses, with the built-in default.
+    limits: Limits.extend({ diskMb: Limits.shape.diskMb.default(BUILTIN_DEFAULTS.limits.diskMb) }).strict(),
     reserves: Reserves.strict(),
   })
   .superRefine((task, ctx) => {

@@ -5,10 +5,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { episodeJobOptions } from '../../queues/episodes/contract.ts';
-import { planBatch } from '../../src/producer/enqueue-batch.ts';
+import { planBatch, storeTaskArchives } from '../../src/producer/enqueue-batch.ts';
 import { fleetKeyPattern } from '../../src/redis/redis-keys.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
-import { putTaskArchive } from '../../src/tasks/task-store.ts';
 import type { WorkerHandle } from '../../src/cli/worker-process.ts';
 import { EXAMPLES, runCli, startFleetEnv, waitFor, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
 
@@ -83,15 +82,20 @@ describe('bad input', () => {
       const plan = await planBatch(await loadBatch(await scratchBatch(GOOD_BATCH)));
       const good = plan.jobs.find((j) => j.task.id === 'fix-greeting')!;
       const noImage = { ...plan.jobs.find((j) => j.task.id === 'set-port')!, task: { ...good.task, id: 'set-port', image: 'rollout-fleet/absent:1' } };
-      for (const packed of plan.packed) await putTaskArchive(env.client, env.prefix, packed);
-      await env.results.putManifest({ batchId: plan.batchId, name: plan.name, createdAt: new Date().toISOString(), episodeIds: ['junk', noImage.episodeId, good.episodeId] });
+      await storeTaskArchives(plan, env.client, env.prefix);
+      // An image name the engine would answer 400 to: refused by the job parser, not retried as infra.
+      const badImage = { ...plan.jobs.find((j) => j.task.id === 'sum-column')!, task: { ...good.task, id: 'sum-column', image: 'Rollout-Fleet/Sandbox:BusyBox' } };
+      await env.results.putManifest({ batchId: plan.batchId, name: plan.name, createdAt: new Date().toISOString(), episodeIds: ['junk', noImage.episodeId, good.episodeId, badImage.episodeId] });
 
       const junk = { batchId: plan.batchId, task: { id: 'x' }, sample: 'first' };
       await env.episodes.add('junk', junk, { ...episodeJobOptions, jobId: 'junk' });
       await env.episodes.add('no-image', noImage, { ...episodeJobOptions, jobId: noImage.episodeId });
       await env.episodes.add('good', good, { ...episodeJobOptions, jobId: good.episodeId });
+      await env.episodes.add('bad-image', badImage, { ...episodeJobOptions, jobId: badImage.episodeId });
 
-      const [rJunk, rNoImage, rGood] = await waitForResults(env, plan.batchId, 3);
+      const [rJunk, rNoImage, rGood, rBadImage] = await waitForResults(env, plan.batchId, 4);
+      expect(rBadImage).toMatchObject({ episodeId: badImage.episodeId, status: 'error', attempts: 1, error: { kind: 'invalid', code: 'invalid_payload' } });
+      expect(rBadImage!.error!.message).toContain('task.image: not a valid image reference');
       expect(rJunk).toMatchObject({ episodeId: 'junk', status: 'error', attempts: 1, error: { kind: 'invalid', code: 'invalid_payload' } });
       expect(rJunk!.error!.message).toContain('sample: Invalid input: expected number, received string (got "first")');
       expect(rJunk!.error!.message).toContain('episodeId:');
@@ -99,7 +103,7 @@ describe('bad input', () => {
       expect(rNoImage!.error!.message).toContain('image rollout-fleet/absent:1 not found');
       expect(rGood).toMatchObject({ status: 'passed', reward: 1, attempts: 1 });
       // Neither bad job was retried: each ended on its first attempt.
-      for (const id of ['junk', noImage.episodeId]) expect((await env.episodes.getJob(id))?.attemptsMade).toBeLessThanOrEqual(1);
+      for (const id of ['junk', noImage.episodeId, badImage.episodeId]) expect((await env.episodes.getJob(id))?.attemptsMade).toBeLessThanOrEqual(1);
     } finally {
       await worker?.close();
     }

@@ -41,7 +41,7 @@ describe('config', () => {
 
 describe('outcomeOf', () => {
   it('retries infrastructure and model failures only', () => {
-    const codes: FleetErrorCode[] = ['invalid_payload', 'image_not_found', 'docker_timeout', 'worker_lost', 'model_error', 'agent_crashed', 'verifier_timeout'];
+    const codes: FleetErrorCode[] = ['invalid_payload', 'image_not_found', 'docker_timeout', 'worker_lost', 'model_error', 'agent_crashed', 'disk_limit_exceeded', 'verifier_timeout'];
     expect(codes.map((c) => [c, outcomeOf(c).kind, outcomeOf(c).retry])).toEqual([
       ['invalid_payload', 'invalid', false],
       ['image_not_found', 'invalid', false],
@@ -49,6 +49,7 @@ describe('outcomeOf', () => {
       ['worker_lost', 'infra', true],
       ['model_error', 'model', true],
       ['agent_crashed', 'agent', false],
+      ['disk_limit_exceeded', 'agent', false],
       ['verifier_timeout', 'verifier', false],
     ]);
   });

@@ -8,7 +8,7 @@ const file = TaskFile.parse({ id: 't', instruction: 'do it', verify: { command: 
 describe('task spec', () => {
   it('takes task.yaml over batch defaults over built-in defaults', () => {
     const spec = TaskSpec.parse(resolveTask({ ...file, limits: { pids: 99 } }, { deadlineSec: 900, limits: { memoryMb: 128, pids: 50 } }));
-    expect(spec.limits).toEqual({ memoryMb: 128, cpus: 1, pids: 99 });
+    expect(spec.limits).toEqual({ memoryMb: 128, cpus: 1, pids: 99, diskMb: 2048 });
     expect(spec.deadlineSec).toBe(900);
     expect(spec.reserves).toEqual({ setupSec: 60, verifySec: 30, closeSec: 30 });
     expect(agentCeilingSec(spec)).toBe(900 - 60 - 30 - 30);

@@ -1,0 +1,47 @@
+// Counts the kernel's OOM kills in one sandbox from the engine's event stream. The container's
+// State.OOMKilled is set only when its init was the victim; an agent's child killed for memory shows
+// up only as an `oom` event (the engine forwards every OOM of the container's cgroup).
+import type { Readable } from 'node:stream';
+import type Docker from 'dockerode';
+import { dockerCall, type CallOptions } from './docker-client.ts';
+
+export interface OomWatch {
+  /** OOM events seen so far. */
+  readonly count: number;
+  /** Close the stream (idempotent). */
+  stop(): void;
+}
+
+/** Subscribe before the container starts, so no kill can happen unseen; stop() when done with the sandbox. */
+export async function watchOomEvents(docker: Docker, containerId: string, call: CallOptions): Promise<OomWatch> {
+  // The stream outlives this call: its own abort ends it, not the call's deadline.
+  const lifetime = new AbortController();
+  const stream = (await dockerCall('watch oom events', call, () =>
+    docker.getEvents({ filters: { container: [containerId], event: ['oom'] }, abortSignal: lifetime.signal } as Docker.GetEventsOptions),
+  ).catch((err: unknown) => {
+    // A stream that arrives after the deadline is closed, not leaked.
+    lifetime.abort();
+    throw err;
+  })) as unknown as Readable;
+  let count = 0;
+  let rest = '';
+  stream.on('data', (chunk: Buffer) => {
+    // One JSON object per line; a chunk may end mid-line.
+    const lines = (rest + chunk.toString('utf8')).split('\n');
+    rest = lines.pop() ?? '';
+    for (const line of lines) {
+      if (/"(status|Action)":"oom"/.test(line)) count += 1;
+    }
+  });
+  // An engine restart or a stop ends the stream; what was counted stays.
+  stream.on('error', () => undefined);
+  return {
+    get count() {
+      return count;
+    },
+    stop() {
+      lifetime.abort();
+      stream.destroy();
+    },
+  };
+}
