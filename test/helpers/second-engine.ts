@@ -2,7 +2,7 @@
 // and restart dockerd: the shared engine other test files use is never touched.
 import { spawn, execFile, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { openSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -48,6 +48,11 @@ export async function createSecondEngine(): Promise<SecondEngine> {
     },
     async destroy() {
       await engine.stop();
+      // A dockerd stopped with containers running can leave their mounts (overlay, shm) behind, and a
+      // mounted folder cannot be removed: unmount what is left under the engine's folders first.
+      const mounts = (await readFile('/proc/mounts', 'utf8')).split('\n').map((line) => line.split(' ')[1] ?? '')
+        .filter((target) => target.startsWith(`${dir}/`)).sort((a, b) => b.length - a.length);
+      for (const target of mounts) await promisify(execFile)('umount', ['-l', target]).catch(() => undefined);
       await rm(dir, { recursive: true, force: true, maxRetries: 3 });
     },
   };
