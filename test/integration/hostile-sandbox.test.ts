@@ -61,7 +61,9 @@ describe('hostile sandboxes', () => {
       // again when the bomb's signals interrupt it): graded as a timeout, never "the verifier could not fork".
       'fork-bomb': task('fork-bomb', 'mkfifo /tmp/never\necho fixed > state.txt\nf() { f | f & }\nf\nwhile :; do read x < /tmp/never; done\n', { ceilingSec: 3 }),
       // A child the kernel OOM-kills (not the container's init): the result must say so.
-      oom: task('oom', 'head -c 200m /dev/zero | tail > /dev/null\necho "tail=$?"\necho fixed > state.txt\n', { limits: '{ memoryMb: 32, cpus: 0.5, pids: 32 }' }),
+      // tail keeps everything it reads (no newline ever comes): 64 MB cannot fit in 32. The ceiling leaves
+      // the pipe time on a loaded machine (at 0.5 CPU, beside a fork bomb).
+      oom: task('oom', 'head -c 64m /dev/zero | tail > /dev/null\necho "tail=$?"\necho fixed > state.txt\n', { limits: '{ memoryMb: 32, cpus: 0.5, pids: 32 }', ceilingSec: 40 }),
       // 3x the disk limit (bounded, so a broken fix cannot fill the engine's disk), then it would idle.
       disk: task('disk', 'head -c 48m /dev/zero > big.bin\necho fixed > state.txt\nsleep 60\n', { ceilingSec: 30, limits: '{ memoryMb: 64, cpus: 0.5, pids: 32, diskMb: 16 }' }),
       probes: task('probes', [
@@ -108,7 +110,7 @@ describe('hostile sandboxes', () => {
   it('reports an OOM kill of a child process in the sandbox, and still grades the episode', async () => {
     const r = byTask.get('oom');
     // The child was killed (137), the container's init was not.
-    expect(await stdoutOf('oom')).toContain('tail=137');
+    expect(await stdoutOf('oom'), JSON.stringify(r)).toContain('tail=137');
     expect(r, JSON.stringify(r?.error)).toMatchObject({ status: 'passed', reward: 1, oomKilled: true });
   });
 
