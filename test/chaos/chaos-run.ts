@@ -5,17 +5,19 @@
 // twice, rewards that differ from the known ones (an infrastructure failure scored as a reward), and
 // sandboxes left behind after the reaper has had its turn. `npm run chaos` prints the figures;
 // test/integration/chaos.test.ts runs a short version in the suite.
+import { spawn as spawnChild, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { connect } from 'node:net';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { startPrivateRedis, type PrivateRedis } from '../../src/cli/private-redis.ts';
+import { freePort, startPrivateRedis, type PrivateRedis } from '../../src/cli/private-redis.ts';
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
-import { docker as sharedDocker, enqueueFile, fleetContainers, fleetEnvOn, spawnWorker, waitFor, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import { BIN, docker as sharedDocker, enqueueFile, fleetContainers, fleetEnvOn, spawnWorker, waitFor, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 import { createSecondEngine, type SecondEngine } from '../helpers/second-engine.ts';
 
-export const FAULT_KINDS = ['kill-worker', 'term-worker', 'term-all', 'restart-redis', 'restart-dockerd'] as const;
+export const FAULT_KINDS = ['kill-worker', 'term-worker', 'term-all', 'restart-redis', 'restart-dockerd', 'model-down', 'model-hang'] as const;
 export type FaultKind = (typeof FAULT_KINDS)[number];
 
 export interface ChaosOptions {
@@ -38,6 +40,12 @@ export interface ChaosOptions {
   timeoutMs: number;
   /** Each agent works a random 0 to this many seconds before it answers (longer: more faults mid-agent). @default 3 */
   agentMaxSec?: number;
+  /**
+   * `command`: a shell agent. `llm`: the reference agent against the scripted policy server, run as
+   * its own process so the `model-down` (killed, restarted) and `model-hang` (answers nothing for a
+   * while) faults can strike it. @default command
+   */
+  agent?: 'command' | 'llm';
   log?: (line: string) => void;
 }
 
@@ -54,6 +62,8 @@ export interface ChaosFigures {
   misgraded: number;
   /** Episodes that ended as error, kind infra (retries exhausted): not lost, not graded. */
   infraErrors: number;
+  /** Episodes that ended as error, kind model (the endpoint failed past every retry): not graded. */
+  modelErrors: number;
   /** Sandboxes of the run still on the engine after the reaper's interval (three times over). */
   sandboxesLeft: number;
   wallMs: number;
@@ -74,17 +84,41 @@ function random(seed: number): () => number {
 const REAPER_INTERVAL_MS = 2_000;
 
 /** Two tasks whose rewards are known: `pass` always passes, `fail` always fails (1 and 0). */
-async function chaosBatch(samples: number, agentMaxSec: number): Promise<string> {
+async function chaosBatch(samples: number, agentMaxSec: number, agent: 'command' | 'llm'): Promise<string> {
   const task = (id: string, answer: string) => ({
     yaml: `id: ${id}\ninstruction: write fixed into state.txt\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 10\n` +
       'deadlineSec: 120\nreserves: { setupSec: 30, verifySec: 20, closeSec: 15 }\n',
-    files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '', 'workspace/answer': `${answer}\n` },
+    // The scripted model plays solution/solve.sh; the shell agent reads the answer file.
+    files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '', 'workspace/answer': `${answer}\n`, 'solution/solve.sh': `#!/bin/sh\necho ${answer} > state.txt\n` },
   });
-  // The agent works for a moment (so faults find episodes mid-agent), then writes its task's answer.
-  return writeBatch(`name: chaos\ntasks: [tasks]\nsamples: ${samples}\nagent: { kind: command, command: "sleep $((RANDOM % ${agentMaxSec})); cat answer > state.txt" }\n`, {
+  // The shell agent works for a moment (so faults find episodes mid-agent), then writes its answer.
+  const agentSpec = agent === 'llm'
+    ? '{ kind: llm, maxTurns: 12 }'
+    : `{ kind: command, command: "sleep $((RANDOM % ${agentMaxSec})); cat answer > state.txt" }`;
+  return writeBatch(`name: chaos\ntasks: [tasks]\nsamples: ${samples}\nagent: ${agentSpec}\n`, {
     pass: task('pass', 'fixed'),
     fail: task('fail', 'wrong'),
   });
+}
+
+/** The scripted policy server as its own process, on a fixed loopback port so it can come back there. */
+function modelStub(port: number, tasksDir: string, delayMs = 0): ChildProcess {
+  return spawnChild(process.execPath, [BIN, 'model-stub', '--port', String(port), '--tasks', tasksDir, ...(delayMs > 0 ? ['--delay-ms', String(delayMs)] : [])], { stdio: 'ignore' });
+}
+
+const accepts = (port: number) => new Promise<boolean>((resolve) => {
+  const socket = connect({ port, host: '127.0.0.1' }, () => {
+    socket.destroy();
+    resolve(true);
+  });
+  socket.once('error', () => resolve(false));
+});
+
+async function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = once(child, 'exit');
+  child.kill('SIGKILL');
+  await exited;
 }
 
 export async function runChaos(opts: ChaosOptions): Promise<ChaosFigures> {
@@ -98,6 +132,17 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosFigures> {
   const env: FleetEnv = await fleetEnvOn(redis);
   const engine: SecondEngine | undefined = opts.secondEngine ? await createSecondEngine() : undefined;
   const docker = engine?.docker ?? sharedDocker;
+  const agent = opts.agent ?? 'command';
+  if (agent === 'command' && opts.kinds.some((k) => k.startsWith('model-'))) throw new TypeError('model faults need agent: llm');
+  const batchFile = await chaosBatch(Math.ceil(opts.episodes / 2), opts.agentMaxSec ?? 3, agent);
+  const tasksDir = path.join(path.dirname(batchFile), 'tasks');
+  const stubPort = agent === 'llm' ? await freePort() : 0;
+  let stub: ChildProcess | undefined;
+  const startStub = async (delayMs = 0) => {
+    stub = modelStub(stubPort, tasksDir, delayMs);
+    await waitFor('the model stub to listen', () => accepts(stubPort), 30_000, 50);
+  };
+  if (agent === 'llm') await startStub();
   const workerEnv = {
     ...env.env,
     ...(engine && { DOCKER_HOST: engine.host }),
@@ -107,6 +152,13 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosFigures> {
     FLEET_REAPER_INTERVAL_MS: String(REAPER_INTERVAL_MS),
     FLEET_DRAIN_TIMEOUT_MS: '3000',
     FLEET_INFRA_RETRIES: '10',
+    ...(agent === 'llm' && {
+      MODEL_BASE_URL: `http://127.0.0.1:${stubPort}/v1`,
+      // A hung model is an error after 3 s and one retry; the episode is then retried (kind model).
+      MODEL_REQUEST_TIMEOUT_MS: '3000',
+      MODEL_UPSTREAM_RETRIES: '1',
+      FLEET_MODEL_RETRIES: '10',
+    }),
   };
   let serial = 0;
   const spawn = () => spawnWorker(workerEnv, `chaos-w${++serial}`, opts.concurrency);
@@ -114,8 +166,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosFigures> {
   const outputs: string[] = [];
   const retire = (w: WorkerProcess) => outputs.push(w.output());
   const faults = Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>;
-  const samples = Math.ceil(opts.episodes / 2);
-  const episodes = samples * 2;
+  const episodes = Math.ceil(opts.episodes / 2) * 2;
 
   const killWorker = async (w: WorkerProcess, signal: NodeJS.Signals) => {
     if (w.child.exitCode === null && w.child.signalCode === null) {
@@ -127,7 +178,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosFigures> {
   };
 
   try {
-    const plan = await enqueueFile(env, await chaosBatch(samples, opts.agentMaxSec ?? 3));
+    const plan = await enqueueFile(env, batchFile);
     const allRecorded = async () => (await env.results.resultCount(plan.batchId)) >= episodes;
     for (let n = 0; n < opts.faults && !(await allRecorded()); n++) {
       // Strike while episodes run: wait for one, then a random moment later.
@@ -161,6 +212,16 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosFigures> {
           await engine!.stop();
           await engine!.start();
           break;
+        case 'model-down':
+        case 'model-hang': {
+          // Down: connections refused for a while. Hang: connections taken, nothing answered for a while.
+          await stopChild(stub!);
+          if (kind === 'model-hang') await startStub(600_000);
+          await new Promise((r) => setTimeout(r, 1_000 + rand() * 4_000));
+          if (kind === 'model-hang') await stopChild(stub!);
+          await startStub();
+          break;
+        }
       }
     }
 
@@ -182,6 +243,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosFigures> {
       doubled: (all.match(/episode already had a result/g) ?? []).length,
       misgraded: misgraded.length,
       infraErrors: results.filter((r) => r.status === 'error' && r.error?.kind === 'infra').length,
+      modelErrors: results.filter((r) => r.status === 'error' && r.error?.kind === 'model').length,
       sandboxesLeft: left,
       wallMs: Math.round(performance.now() - started),
     };
@@ -189,6 +251,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosFigures> {
     // Cleaning up must not cost the figures: each step on its own, failures only logged.
     const step = (what: string, work: () => Promise<unknown>) => work().catch((err: unknown) => log(`cleanup: ${what} failed: ${String(err)}`));
     await step('stopping the workers', () => Promise.all(workers.map((w) => w.stop())));
+    if (stub) await step('stopping the model stub', () => stopChild(stub!));
     await step('closing the fleet env', () => env.close());
     await step('removing the second engine', async () => engine?.destroy());
     await step('removing the Redis folder', () => rm(redisDir, { recursive: true, force: true }));

@@ -1,7 +1,8 @@
 // `npm run chaos`: the long chaos run (defaults: 120 episodes of up to 8 s, 3 workers, 60 faults of every kind, a
 // private second engine so dockerd can be restarted), printed as the table docs/RELIABILITY.md keeps.
 // Options: --episodes N --workers N --concurrency N --faults N --kinds a,b --seed N --agent-max-sec N
-// --shared-engine (no dockerd restarts: the engine other work uses is never touched)
+// --shared-engine (no dockerd restarts: the engine other work uses is never touched) --llm (the
+// reference agent against the scripted model, which the model-down and model-hang faults strike)
 import { parseArgs } from 'node:util';
 import { FAULT_KINDS, runChaos, type FaultKind } from './chaos-run.ts';
 
@@ -15,6 +16,7 @@ const { values } = parseArgs({
     kinds: { type: 'string', default: FAULT_KINDS.join(',') },
     seed: { type: 'string', default: String(Date.now() % 1_000_000) },
     'shared-engine': { type: 'boolean', default: false },
+    llm: { type: 'boolean', default: false },
   },
 });
 
@@ -28,13 +30,15 @@ const kinds = values.kinds.split(',').map((k) => {
   return k as FaultKind;
 });
 const secondEngine = !values['shared-engine'];
+const agent = values.llm ? 'llm' : 'command';
 const seed = int('seed', values.seed);
 const figures = await runChaos({
   episodes: int('episodes', values.episodes),
   workers: int('workers', values.workers),
   concurrency: int('concurrency', values.concurrency),
   faults: int('faults', values.faults),
-  kinds: secondEngine ? kinds : kinds.filter((k) => k !== 'restart-dockerd'),
+  kinds: kinds.filter((k) => (secondEngine || k !== 'restart-dockerd') && (agent === 'llm' || !k.startsWith('model-'))),
+  agent,
   gapMs: [500, 3_000],
   secondEngine,
   seed,
@@ -45,11 +49,11 @@ const figures = await runChaos({
 
 const faults = Object.entries(figures.faults).filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n}`).join(', ');
 process.stdout.write([
-  `chaos run (seed ${seed}, ${values.workers} workers x ${values.concurrency}, ${secondEngine ? 'second engine' : 'shared engine'}): ${Math.round(figures.wallMs / 1000)} s`,
+  `chaos run (seed ${seed}, ${agent} agent, ${values.workers} workers x ${values.concurrency}, ${secondEngine ? 'second engine' : 'shared engine'}): ${Math.round(figures.wallMs / 1000)} s`,
   '',
-  '| episodes | faults | recorded | lost | second results refused | misgraded | infra errors | sandboxes left |',
-  '|---|---|---|---|---|---|---|---|',
-  `| ${figures.episodes} | ${faults} | ${figures.recorded} | ${figures.lost} | ${figures.doubled} | ${figures.misgraded} | ${figures.infraErrors} | ${figures.sandboxesLeft} |`,
+  '| episodes | faults | recorded | lost | second results refused | misgraded | infra errors | model errors | sandboxes left |',
+  '|---|---|---|---|---|---|---|---|---|',
+  `| ${figures.episodes} | ${faults} | ${figures.recorded} | ${figures.lost} | ${figures.doubled} | ${figures.misgraded} | ${figures.infraErrors} | ${figures.modelErrors} | ${figures.sandboxesLeft} |`,
   '',
 ].join('\n'));
 process.exitCode = figures.lost + figures.doubled + figures.misgraded + figures.sandboxesLeft === 0 ? 0 : 1;
