@@ -1,7 +1,9 @@
 // The short chaos run of the suite: a dozen episodes with known rewards on three worker processes
 // while workers are killed (-9), drained (SIGTERM, one and all) and Redis is killed and restarted from
 // its AOF at random moments. Nothing is lost, nothing is recorded twice, no reward is wrong, no sandbox
-// is left. The long run (`npm run chaos`) adds dockerd restarts and many more faults.
+// is left. And the reference agent against the scripted model while the model goes down (refused) and
+// hangs (answers nothing) at random: every episode still ends once, graded right or not graded. The long
+// run (`npm run chaos`) adds dockerd restarts and many more faults.
 import { describe, expect, it } from 'vitest';
 import { runChaos } from '../chaos/chaos-run.ts';
 
@@ -25,5 +27,27 @@ describe('chaos (short)', () => {
     expect(figures.misgraded, `seed ${seed}`).toBe(0);
     expect(figures.sandboxesLeft, `seed ${seed}`).toBe(0);
     expect(Object.values(figures.faults).reduce((a, b) => a + b, 0)).toBeGreaterThan(0);
+  }, 420_000);
+
+  it('with a model that goes down and hangs, ends every llm episode once and never misgrades', async () => {
+    const seed = Number(process.env.CHAOS_SEED ?? Date.now() % 1_000_000);
+    const figures = await runChaos({
+      episodes: 8,
+      workers: 2,
+      concurrency: 3,
+      faults: 5,
+      kinds: ['model-down', 'model-hang', 'kill-worker'],
+      gapMs: [300, 1_500],
+      secondEngine: false,
+      seed,
+      timeoutMs: 240_000,
+      agent: 'llm',
+    });
+    console.info(`[chaos llm seed ${seed}] ${JSON.stringify(figures)}`);
+    expect(figures.lost, `seed ${seed}`).toBe(0);
+    expect(figures.doubled, `seed ${seed}`).toBe(0);
+    expect(figures.misgraded, `seed ${seed}`).toBe(0);
+    expect(figures.sandboxesLeft, `seed ${seed}`).toBe(0);
+    expect(figures.faults['model-down'] + figures.faults['model-hang'] + figures.faults['kill-worker']).toBeGreaterThan(0);
   }, 420_000);
 });
