@@ -36,6 +36,8 @@ export class RetryableEpisodeError extends Error {
 }
 
 const KEEP_SEC = 7 * 24 * 3600;
+/** A stopped agent or verifier gets TERM, then KILL, two seconds apart; and the engine calls around them. */
+const STOP_GRACE_MS = 5_000;
 
 /**
  * The one place an episode's final result is recorded: stored once (a second result is refused), its
@@ -77,10 +79,14 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
     if (!parsed.success) {
       const message = `invalid episode payload: ${describeIssues(parsed.error, job.data).join('; ')}`;
       deps.log.warn({ jobId: job.id, err: message }, 'episode rejected');
-      return await recordFinal(deps, resultWithoutRun(job, { status: 'error', error: { kind: 'invalid', code: 'invalid_payload', message } }, deps.workerId));
+      const result = resultWithoutRun(job, { status: 'error', error: { kind: 'invalid', code: 'invalid_payload', message } }, deps.workerId);
+      // As at any pick-up: a result a retry superseded is forgotten first, so this one is recorded.
+      const prior = await deps.results.resultUnlessRetried(result.batchId, result.episodeId);
+      return prior ?? (await recordFinal(deps, result));
     }
     const { episodeId, batchId } = parsed.data;
-    const episodeSignal = deps.running.start(episodeId, signal);
+    // Once stopped (a drain), it still stops its processes and closes: the drain waits for that.
+    const episodeSignal = deps.running.start(episodeId, signal, STOP_GRACE_MS + parsed.data.task.reserves.closeSec * 1000);
     // The set-up reserve starts at pick-up: the Redis steps here count against it like the set-up's own.
     const setUp = new Deadline('set-up', parsed.data.task.reserves.setupSec * 1000, episodeSignal);
     try {
@@ -91,6 +97,16 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
         // retry by kind superseded is forgotten here instead, and the episode runs again.
         const prior = await setUp.run('checking for a recorded result', () => deps.results.resultUnlessRetried(batchId, episodeId));
         if (prior) return prior;
+        // Lost workers (stalls) and infra failures share the infra budget; BullMQ counts only the stalls.
+        const stalls = job.stalledCounter ?? 0;
+        if (stalls > 0) {
+          const infra = Number((await setUp.run('reading the retry counts', () => deps.redis.hget(failuresKey(deps.prefix, episodeId), 'infra'))) ?? 0);
+          const budget = deps.retryBudgets.infra ?? 0;
+          if (stalls + infra > budget) {
+            const message = `lost its worker ${stalls} time(s) after ${infra} infrastructure failure(s): past the infra retry budget of ${budget}`;
+            return await recordFinal(deps, resultWithoutRun(job, { status: 'error', error: { kind: 'infra', code: 'worker_lost', message } }, deps.workerId));
+          }
+        }
         if ((await setUp.run('marking the episode running', () => deps.control.markRunning(episodeId))) === 'cancelled') {
           return await recordFinal(deps, resultWithoutRun(job, { status: 'cancelled' }, deps.workerId));
         }

@@ -42,7 +42,8 @@ export async function setUp(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
       state.containerId = id;
     },
     signal,
-  ));
+  // A session that opens after the deadline is nobody's: stop its event stream (close removes the container by id).
+  ), (late) => late.stopWatching());
   state.session = session;
   state.imageId = session.imageId;
   const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);

@@ -19,6 +19,8 @@ export type FleetErrorCode =
   | 'docker_error'
   /** A phase of the episode passed its reserve (a stalled engine, Redis or file system). */
   | 'phase_timeout'
+  /** The sandbox stopped under the agent (the engine restarted, or it was killed from outside). */
+  | 'sandbox_lost'
   /** Redis failed under a running episode. */
   | 'redis_error'
   /** The agent runtime generation could not be built or installed (inputs unreadable, install failed, wait too long). */
@@ -55,6 +57,7 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
     case 'docker_timeout':
     case 'docker_error':
     case 'phase_timeout':
+    case 'sandbox_lost':
     case 'redis_error':
     case 'runtime_unavailable':
     case 'unexpected':

@@ -65,8 +65,17 @@ export async function retryByKind(deps: RetryDeps, batchId: string, kind: Failur
       report.missing.push(result.episodeId);
       continue;
     }
+    // Not finished yet (a retry already requeued it, or its worker is between recording the result and
+    // completing the job): leave it alone, unmarked, its phase and counts untouched.
+    const state = await job.getState();
+    if (state !== 'completed' && state !== 'failed') {
+      report.pending.push(result.episodeId);
+      continue;
+    }
     await prepareRetry(deps, result.episodeId);
     if (!(await requeueInPlace(deps, job))) {
+      // It changed state in between: take the mark back, so no later pick-up forgets its result.
+      await deps.results.unmarkForRetry(result.episodeId);
       report.pending.push(result.episodeId);
       continue;
     }

@@ -132,6 +132,11 @@ export class ResultsStore {
     await this.redis.set(episodeRetryKey(this.prefix, episodeId), '1', 'EX', RETRY_MARK_TTL_SEC);
   }
 
+  /** Take a retry mark back (the job could not be requeued after all). */
+  async unmarkForRetry(episodeId: string): Promise<void> {
+    await this.redis.del(episodeRetryKey(this.prefix, episodeId));
+  }
+
   /**
    * The result a picked-up job must end with, unless the episode was marked for a retry: then its result
    * is forgotten (with the mark, atomically) and undefined returned, so the job runs again. Step 3 of a

@@ -41,6 +41,8 @@ export function watchDisk(session: SandboxSession, opts: DiskWatchOptions): Disk
   const measure = async (s: AbortSignal): Promise<FleetError | undefined> => {
     if (exceeded) return exceeded;
     const bytes = await session.writableLayerBytes(s);
+    // A measurement that comes back after the watch stopped (the agent ended) must not stop the sandbox.
+    if (s.aborted) return exceeded;
     if (bytes > limitBytes && !exceeded) {
       exceeded = new FleetError(
         'disk_limit_exceeded',

@@ -76,6 +76,8 @@ export interface ContainerState {
   running: boolean;
   /** The kernel OOM-killed a process of the sandbox (any process, not only its init) since it was created. */
   oomKilled: boolean;
+  /** The kernel OOM-killed the sandbox's init, which stopped the sandbox. */
+  initOomKilled: boolean;
   exitCode: number | null;
 }
 
@@ -179,7 +181,13 @@ export class SandboxSession {
       return undefined;
     });
     const session = new SandboxSession(deps, container, container.id, image.Id, spec, diskEnforced, oom);
-    await dockerCall('start container', call, (abortSignal) => container.start({ abortSignal }));
+    try {
+      await dockerCall('start container', call, (abortSignal) => container.start({ abortSignal }));
+    } catch (err) {
+      // Nobody gets this session: its event stream would stay open (and keep the worker alive) for good.
+      session.stopWatching();
+      throw err;
+    }
     deps.log.debug({ containerId: container.id, image: spec.image }, 'sandbox started');
     return session;
   }
@@ -207,6 +215,7 @@ export class SandboxSession {
       running: info.State.Running,
       // State.OOMKilled is set only when init itself was killed; the engine's oom events see every kill.
       oomKilled: info.State.OOMKilled || (this.oom?.count ?? 0) > 0,
+      initOomKilled: info.State.OOMKilled,
       exitCode: info.State.Running ? null : info.State.ExitCode,
     };
   }
@@ -228,6 +237,21 @@ export class SandboxSession {
     await dockerCall('restart container', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
       this.container.restart({ t: 0, abortSignal }),
     );
+  }
+
+  /**
+   * Whether the sandbox still runs its init: a trivial exec succeeds. It cannot start in a sandbox whose
+   * init died, even while the engine still reports it running.
+   */
+  async alive(signal?: AbortSignal): Promise<boolean> {
+    try {
+      const run = await this.exec('true', { timeoutMs: this.deps.callTimeoutMs, capBytes: 1024, ...(signal && { signal }) });
+      return run.exitCode === 0;
+    } catch (err) {
+      // A deadline or a cancellation is the caller's business; an engine refusal means not running.
+      if (signal?.aborted) throw err;
+      return false;
+    }
   }
 
   /** Stop everything in the sandbox at once, through the engine (no exec, so no pid, is needed). */

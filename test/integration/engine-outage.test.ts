@@ -50,4 +50,33 @@ describe('Docker engine outage', () => {
     await waitFor('no sandbox left on the engine', async () =>
       (await fleetContainers('fleet', env.prefix, engine.docker)).length === 0, 60_000, 500);
   });
+
+  it('never grades an agent whose sandbox was stopped under it: the attempt is infra, the retry passes', async () => {
+    await worker?.close();
+    worker = await startEnvWorker(env, 'stopped-w', { docker: engine.docker, concurrency: 1, callTimeoutMs: 10_000, outputCapBytes: 64 * 1024, retryBudgets: { infra: 5 }, reaperIntervalMs: 1_000 });
+    const file = await writeBatch('name: stopped\ntasks: [tasks]\nagent: { kind: command, command: \"touch started; sleep 8; echo fixed > state.txt\" }\n', {
+      stopped: {
+        yaml: 'id: stopped\ninstruction: x\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 5\ndeadlineSec: 120\nreserves: { setupSec: 20, closeSec: 15 }\n',
+        files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
+      },
+    });
+    const plan = await enqueueFile(env, file);
+    const episodeId = plan.jobs[0]!.episodeId;
+    await waitForSandboxFile('episode', episodeId, '/workspace/started', 1, 60_000, engine.docker);
+
+    // What a dockerd restart does to a running sandbox, with the engine answering all along: the
+    // container is killed, the agent's exec ends with 137. Verifying now (the sandbox restarted for
+    // verification) would grade a workspace the agent never finished.
+    const [sandbox] = await fleetContainers('episode', episodeId, engine.docker);
+    await engine.docker.getContainer(sandbox!.Id).kill();
+    const firstResult = path.join(env.dataDir, 'evidence', episodeId, 'attempt-1', 'result.json');
+    const first = await waitFor('attempt 1 to end', async () => readFile(firstResult, 'utf8').then((t) => JSON.parse(t) as { status: string; reward: unknown; error?: { kind: string; code: string } }, () => undefined), 60_000, 200);
+    expect(first, JSON.stringify(first)).toMatchObject({ status: "error", reward: null, error: { kind: "infra", code: "sandbox_lost" } });
+
+    const [result] = await waitForResults(env, plan.batchId, 1, 120_000);
+    expect(result).toMatchObject({ status: 'passed', reward: 1 });
+    expect(result!.attempts).toBeGreaterThanOrEqual(2);
+    await waitFor('no sandbox left on the engine', async () =>
+      (await fleetContainers('fleet', env.prefix, engine.docker)).length === 0, 60_000, 500);
+  });
 });
