@@ -36,8 +36,6 @@ export class RetryableEpisodeError extends Error {
 }
 
 const KEEP_SEC = 7 * 24 * 3600;
-/** A stopped agent or verifier gets TERM, then KILL, two seconds apart; and the engine calls around them. */
-const STOP_GRACE_MS = 5_000;
 
 /**
  * The one place an episode's final result is recorded: stored once (a second result is refused), its
@@ -85,8 +83,7 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       return prior ?? (await recordFinal(deps, result));
     }
     const { episodeId, batchId } = parsed.data;
-    // Once stopped (a drain), it still stops its processes and closes: the drain waits for that.
-    const episodeSignal = deps.running.start(episodeId, signal, STOP_GRACE_MS + parsed.data.task.reserves.closeSec * 1000);
+    const episodeSignal = deps.running.start(episodeId, signal);
     // The set-up reserve starts at pick-up: the Redis steps here count against it like the set-up's own.
     const setUp = new Deadline('set-up', parsed.data.task.reserves.setupSec * 1000, episodeSignal);
     try {

@@ -88,8 +88,8 @@ export interface WorkerHandle {
   running: RunningEpisodes;
   /**
    * Stop taking jobs; running episodes get the drain timeout, then go back to the queue. Settles within
-   * drainTimeoutMs + the running episodes' longest wind-down (stop and close) + closeGraceMs, whatever
-   * Redis does.
+   * drainTimeoutMs + closeGraceMs whatever Redis does: an episode whose stop and close take longer is
+   * not handed back (its job returns by stall detection, which counts against its infra budget).
    */
   close(): Promise<CloseOutcome>;
 }
@@ -218,8 +218,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     async close() {
       // One deadline for the whole close: a Redis that does not answer (down, or back without our
       // keys) must not keep a stopping worker alive, so every step is raced against it.
-      // The episodes it still runs get the drain timeout, then their wind-down (stop, close) to be handed back.
-      const deadline = AbortSignal.timeout(drainTimeoutMs + running.windDownMs() + closeGraceMs);
+      const deadline = AbortSignal.timeout(drainTimeoutMs + closeGraceMs);
       const cutShort: string[] = [];
       const step = async (name: string, work: () => Promise<unknown>): Promise<void> => {
         if (deadline.aborted) {

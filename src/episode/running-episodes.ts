@@ -4,30 +4,21 @@ import { EpisodeStop, type StopReason } from '../errors/episode-stop.ts';
 
 export class RunningEpisodes {
   private readonly running = new Map<string, AbortController>();
-  /** Per episode: how long it may take, once stopped, to end (stop its processes, close). */
-  private readonly windDowns = new Map<string, number>();
 
-  /**
-   * Register an episode; the returned signal aborts with an EpisodeStop (or the parent's reason).
-   * `windDownMs`: how long it may take to end once stopped (a drain waits that long for it).
-   */
-  start(episodeId: string, parent?: AbortSignal, windDownMs = 0): AbortSignal {
+  /** Register an episode; the returned signal aborts with an EpisodeStop (or the parent's reason). */
+  start(episodeId: string, parent?: AbortSignal): AbortSignal {
     const ctrl = new AbortController();
     if (parent) {
       if (parent.aborted) ctrl.abort(parent.reason);
       else parent.addEventListener('abort', () => ctrl.abort(parent.reason), { once: true });
     }
     this.running.set(episodeId, ctrl);
-    this.windDowns.set(episodeId, windDownMs);
     return ctrl.signal;
   }
 
   /** Forget an episode, unless a newer run of it (a redelivery) registered since `signal` was given. */
   finish(episodeId: string, signal: AbortSignal): void {
-    if (this.running.get(episodeId)?.signal === signal) {
-      this.running.delete(episodeId);
-      this.windDowns.delete(episodeId);
-    }
+    if (this.running.get(episodeId)?.signal === signal) this.running.delete(episodeId);
   }
 
   /** Stop one episode; false when it does not run here. */
@@ -41,11 +32,6 @@ export class RunningEpisodes {
   stopAll(reason: StopReason): number {
     for (const id of this.running.keys()) this.stop(id, reason);
     return this.running.size;
-  }
-
-  /** The longest wind-down of the episodes running now (0 when none runs). */
-  windDownMs(): number {
-    return Math.max(0, ...this.windDowns.values());
   }
 
   get size(): number {
