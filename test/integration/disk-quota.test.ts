@@ -50,9 +50,9 @@ describe('disk limit enforced by the engine (StorageOpt size)', () => {
       const [c] = await fleetContainers('batch', plan.batchId, engine.docker);
       if (c === undefined) return undefined;
       const info = await engine.docker.getContainer(c.Id).inspect().catch(() => undefined);
-      return info?.HostConfig.StorageOpt ?? null;
+      return info && { storageOpt: info.HostConfig.StorageOpt };
     }, 90_000, 100);
-    expect(storageOpt).toEqual({ size: '16M' });
+    expect(storageOpt).toEqual({ storageOpt: { size: '16M' } });
 
     const [r] = await waitForResults(env, plan.batchId, 1, 120_000);
     const stdout = await readFile(path.join(env.dataDir, 'evidence', r!.episodeId, 'attempt-1', 'agent.stdout.txt'), 'utf8');
@@ -61,6 +61,7 @@ describe('disk limit enforced by the engine (StorageOpt size)', () => {
     const bytes = Number(/^bytes=(\d+)$/m.exec(stdout)?.[1]);
     expect(bytes).toBeGreaterThan(8 * MB);
     expect(bytes).toBeLessThanOrEqual(16 * MB);
+    console.info(`disk quota: the agent's write stopped at ${bytes} bytes of its 16 MB limit; agent ${r!.timings.agentMs} ms`);
     // The agent was not stopped (its own write failed and it went on), but its full disk leaves no room
     // for the tests: its failure, final, never an infrastructure retry nor a reward.
     expect(r, JSON.stringify(r)).toMatchObject({
