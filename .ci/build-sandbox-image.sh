@@ -9,6 +9,9 @@ docker_cli=/usr/bin/docker
 printf '[setup] building %s\n' "$image" >&2
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
+# The archive's "./" entry gives the image's / its mode: mktemp's 0700 would leave / root-only, which
+# overlay2 happens to hide (its merged root is the engine's own 0755 folder) but btrfs does not.
+chmod 755 "$root"
 mkdir -p "$root/bin" "$root/tmp" "$root/etc" "$root/workspace"
 chmod 1777 "$root/tmp"
 cp /bin/busybox "$root/bin/busybox"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Brings a fresh Debian machine (as root) to where the demo and the tests can run, reusing what already
 # runs: installs redis-server, docker.io, busybox-static, chromium (the dashboard's browser test) and
-# docker-compose (the compose file's test) if missing, starts dockerd without its
+# docker-compose (the compose file's test) and btrfs-progs (the disk quota test's engine) if missing, starts dockerd without its
 # default bridge when no engine answers, runs `npm ci` when node_modules is stale, compiles dist/
 # (incrementally), and builds the local sandbox image rollout-fleet/sandbox:busybox (there is no registry to pull from).
 # Redis itself is not started here: the demo and the test suite each start a private redis-server
@@ -18,6 +18,9 @@ command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
 [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx patch || need_pkgs+=(busybox-static)
 [ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
 command -v docker-compose >/dev/null 2>&1 || need_pkgs+=(docker-compose)
+# The disk quota test's second engine keeps its data on a loop-mounted btrfs (StorageOpt size works
+# there; overlay2 over xfs with pquota needs CONFIG_XFS_QUOTA, which these machines' kernel lacks).
+command -v mkfs.btrfs >/dev/null 2>&1 || need_pkgs+=(btrfs-progs)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

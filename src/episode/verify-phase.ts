@@ -2,7 +2,8 @@
 // all memory are free again), the model is gone, and only then do the hidden tests enter the sandbox
 // (owned by root, so the agent's leftovers cannot edit them). The verifier's exit code is the reward.
 // The whole phase runs under the verification reserve: a stalled engine ends it as an infrastructure
-// failure, never as a reward.
+// failure, never as a reward. An agent that filled its engine-enforced disk quota, so the tests cannot
+// even be copied in, failed for its disk limit (kind agent), as where the limit is watched.
 import type { AgentRun } from '../agent/agent.ts';
 import { Deadline, PhaseTimeout } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
@@ -12,6 +13,27 @@ import type { AttemptState, EpisodeAttempt, EpisodeDeps, Graded } from './episod
 /** Where the hidden tests are copied for verification, after the agent stopped. */
 export const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
+
+/**
+ * The agent's failure when `err` (from writing into the sandbox) is its engine-enforced disk quota
+ * being full: "disk quota exceeded" (btrfs qgroups) always; "no space left on device" (xfs project
+ * quotas, but also the engine's whole disk) only when the layer measures at least 90% of the limit.
+ */
+async function diskFullByAgent(session: SandboxSession, diskMb: number, err: unknown, signal: AbortSignal): Promise<FleetError | undefined> {
+  if (!session.diskEnforced) return undefined;
+  const message = err instanceof Error ? err.message : String(err);
+  const quota = /disk quota exceeded/i.test(message);
+  if (!quota && !/no space left on device/i.test(message)) return undefined;
+  if (!quota) {
+    const bytes = await session.writableLayerBytes(signal).catch(() => 0);
+    if (bytes < diskMb * 1024 * 1024 * 0.9) return undefined;
+  }
+  return new FleetError(
+    'disk_limit_exceeded',
+    `the agent filled the sandbox's disk to its limits.diskMb of ${diskMb} MB (enforced by the engine): the tests could not be copied in`,
+    { cause: err },
+  );
+}
 
 export async function verify(
   attempt: EpisodeAttempt,
@@ -41,7 +63,10 @@ export async function verify(
     await deadline.run('stopping what the agent left running', (signal) => session.restart(signal));
     await deadline.run('closing the model proxy', async () => state.proxy?.close());
     const tests = await state.archive!.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
-    await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal));
+    await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal))
+      .catch(async (err: unknown) => {
+        throw await diskFullByAgent(session, task.limits.diskMb, err, deadline.signal) ?? err;
+      });
     const timeoutMs = task.verify.timeoutSec * 1000;
     const started = performance.now();
     const verifyRun = await deadline.runStoppable('running the verifier', (signal) =>
