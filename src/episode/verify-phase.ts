@@ -45,9 +45,6 @@ export async function verify(
   const { task } = attempt.job;
   const deadline = new Deadline('verify', task.reserves.verifySec * 1000, attempt.signal);
   try {
-    // A process left behind could rewrite the tests once they arrive, and a fork bomb or zombies could
-    // leave the verifier no pid to run with: the engine kills everything and starts the sandbox afresh
-    // (files kept), which needs no pid inside it. The verifier runs without a model.
     // Only a sandbox that is still up is verified: one that stopped under the agent (the engine
     // restarted, or something outside killed it) cut the agent short, and the restart below would
     // hide that and grade a half-done workspace. The sandbox user cannot stop it (its init is root's).
@@ -60,6 +57,9 @@ export async function verify(
       if (before.initOomKilled) throw new FleetError('agent_crashed', 'the sandbox ran out of memory under the agent and its init was killed');
       throw new FleetError('sandbox_lost', `the sandbox stopped under the agent (agent exit ${agentRun.exitCode}): the engine restarted or it was stopped from outside`);
     }
+    // A process left behind could rewrite the tests once they arrive, and a fork bomb or zombies could
+    // leave the verifier no pid to run with: the engine kills everything and starts the sandbox afresh
+    // (files kept), which needs no pid inside it. The verifier runs without a model.
     await deadline.run('stopping what the agent left running', (signal) => session.restart(signal));
     await deadline.run('closing the model proxy', async () => state.proxy?.close());
     const tests = await state.archive!.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
