@@ -23,17 +23,27 @@ describe('Docker engine outage', () => {
     await env?.close();
   });
 
-  it('records the failed attempt as infra, not graded, and the retry passes once dockerd is back', async () => {
-    worker = await startEnvWorker(env, 'outage-w', { docker: engine.docker, concurrency: 1, callTimeoutMs: 10_000, outputCapBytes: 64 * 1024, retryBudgets: { infra: 5 }, reaperIntervalMs: 1_000 });
-    const file = await writeBatch('tasks: [tasks]\nagent: { kind: command, command: "touch started; sleep 5; echo fixed > state.txt" }\n', {
-      outage: {
-        yaml: 'id: outage\ninstruction: x\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 5\ndeadlineSec: 120\nreserves: { setupSec: 20, closeSec: 15 }\n',
+  /**
+   * A fresh in-process worker on the second engine and one episode whose agent marks its start, then
+   * works `agentSec` seconds and fixes the task; returns once the agent runs.
+   */
+  async function startedEpisode(name: string, agentSec: number) {
+    await worker?.close();
+    worker = await startEnvWorker(env, `${name}-w`, { docker: engine.docker, concurrency: 1, callTimeoutMs: 10_000, outputCapBytes: 64 * 1024, retryBudgets: { infra: 5 }, reaperIntervalMs: 1_000 });
+    const file = await writeBatch(`name: ${name}\ntasks: [tasks]\nagent: { kind: command, command: "touch started; sleep ${agentSec}; echo fixed > state.txt" }\n`, {
+      [name]: {
+        yaml: `id: ${name}\ninstruction: x\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 5\ndeadlineSec: 120\nreserves: { setupSec: 20, closeSec: 15 }\n`,
         files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
       },
     });
     const plan = await enqueueFile(env, file);
     const episodeId = plan.jobs[0]!.episodeId;
     await waitForSandboxFile('episode', episodeId, '/workspace/started', 1, 60_000, engine.docker);
+    return { plan, episodeId };
+  }
+
+  it('records the failed attempt as infra, not graded, and the retry passes once dockerd is back', async () => {
+    const { plan, episodeId } = await startedEpisode('outage', 5);
 
     await engine.stop();
     // The attempt fails as infra (its evidence says so) while the engine is down.
@@ -52,17 +62,7 @@ describe('Docker engine outage', () => {
   });
 
   it('never grades an agent whose sandbox was stopped under it: the attempt is infra, the retry passes', async () => {
-    await worker?.close();
-    worker = await startEnvWorker(env, 'stopped-w', { docker: engine.docker, concurrency: 1, callTimeoutMs: 10_000, outputCapBytes: 64 * 1024, retryBudgets: { infra: 5 }, reaperIntervalMs: 1_000 });
-    const file = await writeBatch('name: stopped\ntasks: [tasks]\nagent: { kind: command, command: \"touch started; sleep 8; echo fixed > state.txt\" }\n', {
-      stopped: {
-        yaml: 'id: stopped\ninstruction: x\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 5\ndeadlineSec: 120\nreserves: { setupSec: 20, closeSec: 15 }\n',
-        files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
-      },
-    });
-    const plan = await enqueueFile(env, file);
-    const episodeId = plan.jobs[0]!.episodeId;
-    await waitForSandboxFile('episode', episodeId, '/workspace/started', 1, 60_000, engine.docker);
+    const { plan, episodeId } = await startedEpisode('stopped', 8);
 
     // What a dockerd restart does to a running sandbox, with the engine answering all along: the
     // container is killed, the agent's exec ends with 137. Verifying now (the sandbox restarted for
