@@ -14,14 +14,15 @@ export const DEFAULT_IMAGE = 'rollout-fleet/sandbox:busybox';
 //   name        := [domain '/'] remote-name; domain := (domain-name | '[' IPv6 ']') [':' port]
 //   remote-name := path-component ['/' path-component]*; path-component := [a-z0-9]+ (separator [a-z0-9]+)*
 //   separator   := [_.] | __ | [-]+;  tag := [\w][\w.-]{0,127}
-//   digest      := algorithm ":" hex{32,}; algorithm := [A-Za-z][A-Za-z0-9]* ([-_+.][A-Za-z][A-Za-z0-9]*)*
+//   digest      := sha256 ":" hex{64} | sha384 ":" hex{96} | sha512 ":" hex{128}, lower-case hex (the
+//                  algorithms the engine accepts; the grammar's looser form only earns a 400 from it)
 const ALPHANUMERIC = '[a-z0-9]+';
 const PATH_COMPONENT = `${ALPHANUMERIC}(?:(?:[._]|__|[-]+)${ALPHANUMERIC})*`;
 const DOMAIN_COMPONENT = '(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])';
 const DOMAIN = `(?:${DOMAIN_COMPONENT}(?:\\.${DOMAIN_COMPONENT})*|\\[[a-fA-F0-9:]+\\])(?::[0-9]+)?`;
 const IMAGE_NAME = `(?:${DOMAIN}/)?${PATH_COMPONENT}(?:/${PATH_COMPONENT})*`;
 const IMAGE_REFERENCE = new RegExp(
-  `^(${IMAGE_NAME})(?::[\\w][\\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$`,
+  `^(${IMAGE_NAME})(?::[\\w][\\w.-]{0,127})?(?:@(?:sha256:[a-f0-9]{64}|sha384:[a-f0-9]{96}|sha512:[a-f0-9]{128}))?$`,
 );
 /** distribution/reference's limit on the name (without tag and digest). */
 const MAX_IMAGE_NAME_LENGTH = 255;
@@ -50,7 +51,7 @@ export const Limits = z.object({
   pids: z.number().int().min(8).max(32_768),
   /**
    * Disk the sandbox may write (its writable layer: the workdir, /tmp, anything outside the read-only
-   * mounts). Enforced by the engine where it can (overlay2 on xfs with pquota), else watched during
+   * mounts). Enforced by the engine where it can (StorageOpt size: overlay2 on xfs with pquota, btrfs), else watched during
    * the agent, which is stopped past it (kind agent, `disk_limit_exceeded`). @default 2048
    */
   diskMb: z.number().int().min(16).max(1_048_576),

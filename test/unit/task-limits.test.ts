@@ -30,7 +30,7 @@ describe('image references', () => {
 
   it.each([
     '..//127.0.0.1:35007/x', '..//ssrf-probe.invalid/x', 'busybox; rm -rf /', 'Rollout-Fleet/Sandbox:BusyBox', 'busybox/json?all=1#',
-    'busybox@sha256:xyz', 'busy\u001b[31mbox', 'busybox\nx', '', '/busybox', 'busybox/', 'a//b', '-a', 'a:', 'a:-tag', 'a:b:c',
+    'busybox@sha256:xyz', `busybox@sha256:${'a'.repeat(40)}`, `busybox@sha256:${'A'.repeat(64)}`, `busybox@md5:${'a'.repeat(32)}`, 'busy\u001b[31mbox', 'busybox\nx', '', '/busybox', 'busybox/', 'a//b', '-a', 'a:', 'a:-tag', 'a:b:c',
     `a:${'t'.repeat(129)}`, 'a'.repeat(256), `${'a/'.repeat(300)}a`, 'http://host/x', 'a..b', 'A',
   ])('refuses %j', (ref) => expect(isImageReference(ref)).toBe(false));
 
