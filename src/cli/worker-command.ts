@@ -5,6 +5,7 @@
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import type { FleetConfig } from '../config/config.ts';
+import { untilAborted } from '../deadlines/deadline.ts';
 import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { CLOSE_GRACE_MS, startWorker, type WorkerHandle } from './worker-process.ts';
 import { WORKER_OPTIONS } from './command-table.ts';
@@ -68,7 +69,11 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     // it ends, so nothing runs that would need handing back.
     const deadlineMs = config.FLEET_DRAIN_TIMEOUT_MS + CLOSE_GRACE_MS;
     log.info({ signal, deadlineMs }, 'stopping during start-up');
-    const started = await Promise.race([starting, new Promise<undefined>((r) => setTimeout(() => r(undefined), deadlineMs).unref())]);
+    const deadline = AbortSignal.timeout(deadlineMs);
+    const started = await untilAborted(starting, deadline).catch((err: unknown) => {
+      if (deadline.aborted) return undefined;
+      throw err;
+    });
     if (started === undefined) {
       log.warn({ deadlineMs }, 'start-up did not finish before the close deadline; exiting');
       process.exit(0);
