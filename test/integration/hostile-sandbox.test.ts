@@ -61,9 +61,10 @@ describe('hostile sandboxes', () => {
       // again when the bomb's signals interrupt it): graded as a timeout, never "the verifier could not fork".
       'fork-bomb': task('fork-bomb', 'mkfifo /tmp/never\necho fixed > state.txt\nf() { f | f & }\nf\nwhile :; do read x < /tmp/never; done\n', { ceilingSec: 3 }),
       // A child the kernel OOM-kills (not the container's init): the result must say so.
-      // tail keeps everything it reads (no newline ever comes): 64 MB cannot fit in 32. The ceiling leaves
+      // tail keeps everything it reads (no newline ever comes): 64 MB cannot fit in 32. It volunteers as the
+      // OOM killer's victim (oom_score_adj 1000), so the kernel never picks the agent's shell. The ceiling leaves
       // the pipe time on a loaded machine (at 0.5 CPU, beside a fork bomb).
-      oom: task('oom', 'head -c 64m /dev/zero | tail > /dev/null\necho "tail=$?"\necho fixed > state.txt\n', { limits: '{ memoryMb: 32, cpus: 0.5, pids: 32 }', ceilingSec: 40 }),
+      oom: task('oom', 'head -c 64m /dev/zero | sh -c "echo 1000 > /proc/self/oom_score_adj; exec tail" > /dev/null\necho "tail=$?"\necho fixed > state.txt\n', { limits: '{ memoryMb: 32, cpus: 0.5, pids: 32 }', ceilingSec: 40 }),
       // 3x the disk limit (bounded, so a broken fix cannot fill the engine's disk), then it would idle.
       disk: task('disk', 'head -c 48m /dev/zero > big.bin\necho fixed > state.txt\nsleep 60\n', { ceilingSec: 30, limits: '{ memoryMb: 64, cpus: 0.5, pids: 32, diskMb: 16 }' }),
       probes: task('probes', [
@@ -104,7 +105,7 @@ describe('hostile sandboxes', () => {
 
   it('grades an agent whose fork bomb still runs at its ceiling as a timeout, with its reward', () => {
     const r = byTask.get('fork-bomb');
-    expect(r, JSON.stringify(r?.error)).toMatchObject({ status: 'timeout', reward: 1, agent: { timedOut: true } });
+    expect(r, JSON.stringify(r)).toMatchObject({ status: 'timeout', reward: 1, agent: { timedOut: true } });
   });
 
   it('reports an OOM kill of a child process in the sandbox, and still grades the episode', async () => {
