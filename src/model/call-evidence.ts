@@ -3,6 +3,7 @@
 // a line is written, so even an endpoint that echoes the API key cannot leak it into the evidence.
 import { mkdir, open, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
+import type { TokenCapture } from './token-capture.ts';
 import type { UpstreamAttempt } from './upstream.ts';
 
 export type CallOutcome =
@@ -33,8 +34,12 @@ export interface ModelCallRecord {
   attempts?: UpstreamAttempt[];
   /** The request as parsed (JSON), or its size when it was not JSON or too large. */
   request?: unknown;
-  /** The answer as parsed (JSON), or its text when it was not JSON. */
+  /** The answer as parsed (JSON), or its text when it was not JSON; a stream reassembled into one chat.completion. */
   response?: unknown;
+  /** A streamed answer: events relayed, bytes, and when the first event reached the agent. */
+  stream?: { events: number; bytes: number; firstEventMs?: number };
+  /** Token ids and logprobs the endpoint returned, exactly as it returned them. */
+  capture?: TokenCapture;
 }
 
 const REDACTED = '[redacted]';

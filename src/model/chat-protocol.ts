@@ -34,6 +34,9 @@ export const ChatRequest = z.looseObject({
   model: z.string().optional(),
   messages: z.array(ChatMessage).min(1),
   stream: z.boolean().optional(),
+  /** Choices per call; a streamed call must ask for one (the proxy relays and records a single choice). */
+  n: z.number().int().min(1).nullish(),
+  stream_options: z.looseObject({ include_usage: z.boolean().optional() }).nullish(),
   max_tokens: tokenCount.nullish(),
   max_completion_tokens: tokenCount.nullish(),
 });
@@ -84,7 +87,9 @@ export type ModelErrorType =
   | 'not_found'
   | 'method_not_allowed'
   | 'invalid_request'
-  | 'stream_unsupported'
+  | 'upstream_timeout'
+  | 'upstream_malformed'
+  | 'rate_limited'
   | 'body_too_large'
   | 'budget_exceeded'
   | 'upstream_failed'

@@ -1,7 +1,9 @@
 // The sandbox's one way out: a per-episode HTTP server on a Unix socket (bind-mounted into the
 // sandbox) that forwards only the model API to the configured endpoint, adds the API key the sandbox
-// never sees, enforces the episode's call and token budgets, retries transient upstream failures, and
-// records every call as evidence outside the sandbox.
+// never sees, enforces the episode's call and token budgets, waits for the endpoint's fleet-wide
+// limits, retries transient upstream failures, relays streamed answers event by event, and records
+// every call (a stream reassembled, token ids and logprobs when the endpoint gave them) as evidence
+// outside the sandbox.
 import { once } from 'node:events';
 import { chmod, chown, lstat, mkdir, rm } from 'node:fs/promises';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
@@ -19,6 +21,7 @@ import {
   MODELS_PATH,
   TASK_HEADER,
   errorBody,
+  estimateTokens,
   parseJsonObject,
   readBody,
   requestedMaxTokens,
@@ -27,6 +30,9 @@ import {
   type ModelErrorType,
 } from './chat-protocol.ts';
 import { ModelBudget, type ModelBudgetLimits } from './model-budget.ts';
+import { UNLIMITED, type EndpointLimiter } from './endpoint-limiter.ts';
+import { relayStream, type RelayResult } from './stream-relay.ts';
+import { extractTokens, withCaptureFields } from './token-capture.ts';
 import { DEFAULT_RETRY, callUpstream, type RetryPolicy, type UpstreamResult } from './upstream.ts';
 
 /** File name of the call evidence in an episode attempt's evidence folder. */
@@ -61,8 +67,14 @@ export interface ModelProxyOptions {
   retry?: Partial<RetryPolicy>;
   /** Largest request body accepted; larger gets 413. @default 8388608 */
   maxBodyBytes?: number;
-  /** Largest upstream answer relayed; larger gets 502. @default 33554432 */
+  /** Largest upstream answer relayed; larger gets 502 (a stream is cut with an error event). @default 33554432 */
   maxResponseBytes?: number;
+  /** Longest silence of the endpoint in the middle of a stream. @default 60000, at most requestTimeoutMs */
+  streamIdleTimeoutMs?: number;
+  /** Ask the endpoint for token ids and logprobs (vLLM's fields) in every chat call. @default false */
+  captureTokens?: boolean;
+  /** The endpoint's fleet-wide limits, asked before every upstream attempt. @default UNLIMITED */
+  limiter?: EndpointLimiter;
 }
 
 export interface ModelProxyStats {
@@ -72,8 +84,10 @@ export interface ModelProxyStats {
   tokens: number;
   /** Requests the proxy refused itself: unknown path, wrong method, bad body, over budget. */
   refused: number;
-  /** Calls that got 502 after every upstream attempt failed. */
+  /** Calls that got 502 after every upstream attempt failed, and streams the endpoint broke off. */
   failed: number;
+  /** Calls that got 429 because no turn of the fleet-wide limits came within the request timeout. */
+  rateLimited: number;
   /** Requests being handled right now. */
   inFlight: number;
 }
@@ -131,6 +145,8 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   const requestTimeoutMs = positiveInt('requestTimeoutMs', opts.requestTimeoutMs ?? 300_000);
   const maxBodyBytes = positiveInt('maxBodyBytes', opts.maxBodyBytes ?? 8 * 1024 * 1024);
   const maxResponseBytes = positiveInt('maxResponseBytes', opts.maxResponseBytes ?? 32 * 1024 * 1024);
+  const streamIdleTimeoutMs = positiveInt('streamIdleTimeoutMs', opts.streamIdleTimeoutMs ?? Math.min(60_000, requestTimeoutMs));
+  const limiter = opts.limiter ?? UNLIMITED;
   const budget = new ModelBudget(opts.budget);
   const { socketPath, episodeId, taskId } = opts;
   const log = opts.log.child({ episodeId, taskId, component: 'model-proxy' });
@@ -146,6 +162,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   let seq = 0;
   let refused = 0;
   let failed = 0;
+  let rateLimited = 0;
 
   const upstreamHeaders = (): Record<string, string> => ({
     accept: 'application/json',
@@ -170,7 +187,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
 
     const finish = async (outcome: CallOutcome, status: number, body: unknown, headers: Record<string, string> = {}, raw?: { contentType: string | undefined; body: Buffer }) => {
       record.outcome = outcome;
-      record.status = res.destroyed ? 0 : status;
+      record.status = res.destroyed && !res.writableFinished ? 0 : status;
       record.durationMs = Math.round(performance.now() - started);
       try {
         await evidence.append(record);
@@ -204,6 +221,8 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
 
     let upstreamBody: Buffer | undefined;
     let maxTokens: number | undefined;
+    let streaming = false;
+    let forwardUsageChunk = false;
     if (route === 'POST') {
       let body: Buffer;
       try {
@@ -221,10 +240,17 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
       if (json === undefined) return refuse(400, 'invalid_request', 'request body is not a JSON object');
       const parsed = ChatRequest.safeParse(json);
       if (!parsed.success) return refuse(400, 'invalid_request', `invalid chat request: ${describeIssues(parsed.error, json).join('; ')}`);
-      if (parsed.data.stream === true) {
-        return refuse(400, 'stream_unsupported', 'stream: true is not supported by the model proxy; send stream: false or omit it', { param: 'stream' });
+      streaming = parsed.data.stream === true;
+      if (streaming && (parsed.data.n ?? 1) > 1) {
+        return refuse(400, 'invalid_request', `n is ${parsed.data.n}: a streamed call (stream: true) must ask for one choice; send n: 1 or stream: false`, { param: 'n' });
       }
-      const forwarded = opts.model !== undefined ? { ...json, model: opts.model } : json;
+      let forwarded: Record<string, unknown> = opts.model !== undefined ? { ...json, model: opts.model } : json;
+      if (opts.captureTokens === true) forwarded = withCaptureFields(forwarded);
+      if (streaming) {
+        // Usage comes only in a last chunk the agent may not have asked for: asked upstream, kept from the agent.
+        forwardUsageChunk = parsed.data.stream_options?.include_usage === true;
+        forwarded = { ...forwarded, stream_options: { ...parsed.data.stream_options, include_usage: true } };
+      }
       upstreamBody = Buffer.from(JSON.stringify(forwarded));
       maxTokens = requestedMaxTokens(parsed.data);
     }
@@ -253,7 +279,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
           headers: { ...upstreamHeaders(), ...(upstreamBody !== undefined ? { 'content-type': 'application/json' } : {}) },
           ...(upstreamBody !== undefined ? { body: upstreamBody } : {}),
         },
-        { timeoutMs: requestTimeoutMs, retry, maxResponseBytes, signal: call.signal },
+        { timeoutMs: requestTimeoutMs, retry, maxResponseBytes, signal: call.signal, stream: streaming, limiter },
       );
     } catch (err) {
       if (ticket !== undefined) budget.settle(ticket, { answered: false });
@@ -261,10 +287,16 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
       record.error = { type: 'proxy_closing', message: closing.signal.aborted ? 'the model proxy closed during the call' : 'the client went away during the call' };
       return finish('aborted', 503, errorBody('proxy_closing', record.error.message));
     } finally {
-      closing.signal.removeEventListener('abort', abortCall);
+      if (!streaming) closing.signal.removeEventListener('abort', abortCall);
     }
 
     record.attempts = result.attempts;
+    if (!result.ok && result.rateLimited === true) {
+      if (ticket !== undefined) budget.settle(ticket, { answered: false });
+      rateLimited += 1;
+      record.error = { type: 'rate_limited', message: result.message };
+      return finish('refused', 429, errorBody('rate_limited', result.message), { 'retry-after': '1' });
+    }
     if (!result.ok) {
       if (ticket !== undefined) budget.settle(ticket, { answered: false });
       failed += 1;
@@ -275,9 +307,38 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
         ...(result.lastStatus !== undefined ? { upstreamStatus: result.lastStatus } : {}),
       }));
     }
+    if ('stream' in result) {
+      let relay: RelayResult;
+      try {
+        relay = await relayStream(result.stream, res, { idleTimeoutMs: streamIdleTimeoutMs, maxBytes: maxResponseBytes, forwardUsageChunk, signal: closing.signal });
+      } finally {
+        closing.signal.removeEventListener('abort', abortCall);
+      }
+      const tokens = usedTokens(relay.completion) ?? estimateTokens(upstreamBody!.toString('utf8')) + estimateTokens(JSON.stringify(relay.completion.choices ?? []));
+      await result.permit.release({ status: result.status, tokens });
+      record.response = relay.completion;
+      record.stream = { events: relay.events, bytes: relay.bytes, ...(relay.firstEventMs !== undefined && { firstEventMs: relay.firstEventMs }) };
+      const captured = extractTokens(relay.completion);
+      if (captured !== undefined) record.capture = captured;
+      if (ticket !== undefined) {
+        // What streamed before a failure was generated, so it is charged; only a call with nothing is given back.
+        const answered = relay.outcome === 'answered' || relay.events > 0;
+        budget.settle(ticket, { answered, tokens });
+        if (answered) record.tokens = tokens;
+      }
+      if (relay.error !== undefined) record.error = relay.error;
+      if (relay.outcome === 'upstream_failed') {
+        failed += 1;
+        log.warn({ seq: record.seq, err: relay.error?.message }, 'model stream failed');
+      }
+      return finish(relay.outcome, relay.outcome === 'aborted' ? 0 : 200, undefined);
+    }
     const answer = parseJsonObject(result.body);
     record.response = answer ?? result.body.toString('utf8');
     const tokens = answer !== undefined ? (usedTokens(answer) ?? 0) : 0;
+    await result.permit.release({ status: result.status, tokens });
+    const captured = answer !== undefined ? extractTokens(answer) : undefined;
+    if (captured !== undefined) record.capture = captured;
     if (ticket !== undefined) {
       budget.settle(ticket, { answered: true, tokens });
       record.tokens = tokens;
@@ -312,7 +373,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   log.info({ socketPath, upstream: base.origin, maxCalls: budget.limits.maxCalls, maxTokens: budget.limits.maxTokens }, 'model proxy started');
 
   let closed: Promise<void> | undefined;
-  const stats = (): ModelProxyStats => ({ calls: budget.calls, tokens: budget.tokens, refused, failed, inFlight: inFlight.size });
+  const stats = (): ModelProxyStats => ({ calls: budget.calls, tokens: budget.tokens, refused, failed, rateLimited, inFlight: inFlight.size });
   return {
     socketPath,
     stats,

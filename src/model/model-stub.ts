@@ -18,13 +18,13 @@ import {
   MODELS_PATH,
   TASK_HEADER,
   errorBody,
-  estimateTokens,
   parseJsonObject,
   readBody,
   sendJson,
 } from './chat-protocol.ts';
 import { isWrongEpisode, scriptedTurn, taskByInstruction, turnOf } from './stub-script.ts';
 import { loadStubTasks, type StubTask } from './stub-tasks.ts';
+import { logprobsContent, stubTokens, type StubToken, type TokenRequest } from './stub-tokens.ts';
 
 export const STUB_MODEL = 'scripted-policy';
 export const STUB_CALLS_PATH = '/_stub/calls';
@@ -44,6 +44,8 @@ export interface ModelStubOptions {
   failFirst?: number;
   /** Answer each chat call after this long, as a real model takes its time. @default 0 */
   delayMs?: number;
+  /** Space the events of a streamed answer by this long (a model generating token by token). @default 0 */
+  streamChunkDelayMs?: number;
   log: Logger;
 }
 
@@ -54,6 +56,13 @@ export interface StubCallCount {
   count: number;
 }
 
+/** Streamed answers: begun, sent to the end, and cut because the client went away. */
+export interface StubStreamCounts {
+  started: number;
+  completed: number;
+  aborted: number;
+}
+
 export interface ModelStub {
   /** The base URL to configure as MODEL_BASE_URL (TCP), e.g. http://127.0.0.1:41234/v1. */
   readonly baseUrl: string | undefined;
@@ -61,6 +70,7 @@ export interface ModelStub {
   readonly tasks: ReadonlyMap<string, StubTask>;
   /** Answered calls per (episode, turn), sorted (injected failures are not counted). */
   calls(): StubCallCount[];
+  streams(): StubStreamCounts;
   close(): Promise<void>;
 }
 
@@ -85,9 +95,14 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
   const tasks = await loadStubTasks(opts.tasksDir);
   const log = opts.log.child({ component: 'model-stub' });
   const counts = new Map<string, StubCallCount>();
+  const streams: StubStreamCounts = { started: 0, completed: 0, aborted: 0 };
+  const streamChunkDelayMs = opts.streamChunkDelayMs ?? 0;
+  if (!Number.isInteger(streamChunkDelayMs) || streamChunkDelayMs < 0) {
+    throw new TypeError(`Expected \`streamChunkDelayMs\` to be an integer from 0 up, got \`${String(streamChunkDelayMs)}\` (${typeof streamChunkDelayMs})`);
+  }
   const failuresServed = new Map<string, number>();
 
-  function chat(req: IncomingMessage, res: ServerResponse, body: Buffer): void {
+  async function chat(req: IncomingMessage, res: ServerResponse, body: Buffer): Promise<void> {
     if (opts.requireKey !== undefined && req.headers.authorization !== `Bearer ${opts.requireKey}`) {
       sendJson(res, 401, errorBody('unauthorized', 'missing or wrong API key in the Authorization header'));
       return;
@@ -97,7 +112,6 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
     const parsed = ChatRequest.safeParse(json);
     if (!parsed.success) return sendJson(res, 400, errorBody('invalid_request', `invalid chat request: ${describeIssues(parsed.error, json).join('; ')}`));
     const request = parsed.data;
-    if (request.stream === true) return sendJson(res, 400, errorBody('stream_unsupported', 'the scripted policy does not stream'));
 
     const header = (name: string) => {
       const v = req.headers[name];
@@ -129,17 +143,88 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
           content: null,
           tool_calls: [{ id: `call_${turn}_${id.slice(0, 8)}`, type: 'function', function: { name: step.name, arguments: JSON.stringify(step.arguments) } }],
         };
-    const promptTokens = estimateTokens(JSON.stringify(request.messages) + JSON.stringify(json.tools ?? []));
-    const completionTokens = estimateTokens(JSON.stringify(message));
-    log.debug({ episodeId, taskId: task.id, turn, tool: step?.name }, 'scripted turn');
+    // The stand-in tokenizer: the prompt is the conversation and tools as JSON; the completion is the
+    // text the model "generated" (the content, or the tool call's arguments).
+    const promptTokens = stubTokens(JSON.stringify(request.messages) + JSON.stringify(json.tools ?? []), 'prompt');
+    const call = message.tool_calls?.[0];
+    const completionTokens = stubTokens(call !== undefined ? call.function.arguments : String(message.content), 'completion');
+    const usage = { prompt_tokens: promptTokens.length, completion_tokens: completionTokens.length, total_tokens: promptTokens.length + completionTokens.length };
+    const finishReason = step === undefined ? 'stop' : 'tool_calls';
+    const head = { id: `chatcmpl-stub-${id}`, created: Math.floor(Date.now() / 1000), model: request.model ?? STUB_MODEL };
+    const tokenFields = json as TokenRequest;
+    const withIds = tokenFields.return_token_ids === true;
+    const withLogprobs = tokenFields.logprobs === true;
+    log.debug({ episodeId, taskId: task.id, turn, tool: step?.name, stream: request.stream === true }, 'scripted turn');
+    if (request.stream === true) {
+      return streamAnswer(res, { head, message, completionTokens, promptTokens, usage, finishReason, withIds, withLogprobs, tokenFields, includeUsage: request.stream_options?.include_usage === true });
+    }
     sendJson(res, 200, {
-      id: `chatcmpl-stub-${id}`,
+      ...head,
       object: 'chat.completion',
-      created: Math.floor(Date.now() / 1000),
-      model: request.model ?? STUB_MODEL,
-      choices: [{ index: 0, message, finish_reason: step === undefined ? 'stop' : 'tool_calls' }],
-      usage: { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens },
+      choices: [{
+        index: 0,
+        message,
+        finish_reason: finishReason,
+        ...(withLogprobs && { logprobs: { content: logprobsContent(completionTokens, tokenFields) } }),
+        ...(withIds && { token_ids: completionTokens.map((t) => t.id) }),
+      }],
+      usage,
+      ...(withIds && { prompt_token_ids: promptTokens.map((t) => t.id) }),
     });
+  }
+
+  /**
+   * The same answer as Server-Sent Events, as vLLM streams it: a role chunk (with the prompt's token
+   * ids when asked), one chunk per token (content, or the tool call's arguments after a chunk naming
+   * it), a chunk with the finish reason, the usage chunk when asked, then [DONE]. Chunks are spaced by
+   * `streamChunkDelayMs`; a client that goes away ends the stream (counted as aborted).
+   */
+  async function streamAnswer(res: ServerResponse, a: {
+    head: Record<string, unknown>;
+    message: { role: string; content: string | null; tool_calls?: { id: string; type: string; function: { name: string; arguments: string } }[] };
+    completionTokens: StubToken[];
+    promptTokens: StubToken[];
+    usage: Record<string, number>;
+    finishReason: string;
+    withIds: boolean;
+    withLogprobs: boolean;
+    tokenFields: TokenRequest;
+    includeUsage: boolean;
+  }): Promise<void> {
+    streams.started += 1;
+    const gone = new AbortController();
+    res.once('close', () => {
+      if (!res.writableFinished) gone.abort();
+    });
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    const chunk = (choice: Record<string, unknown> | undefined, extra: Record<string, unknown> = {}) =>
+      `data: ${JSON.stringify({ ...a.head, object: 'chat.completion.chunk', choices: choice === undefined ? [] : [{ index: 0, logprobs: null, finish_reason: null, ...choice }], ...extra })}\n\n`;
+    const tokenParts = (t: StubToken) => ({
+      ...(a.withLogprobs && { logprobs: { content: logprobsContent([t], a.tokenFields) } }),
+      ...(a.withIds && { token_ids: [t.id] }),
+    });
+    const call = a.message.tool_calls?.[0];
+    const events: string[] = [chunk({ delta: { role: 'assistant', content: call !== undefined ? null : '' } }, a.withIds ? { prompt_token_ids: a.promptTokens.map((t) => t.id) } : {})];
+    if (call !== undefined) {
+      events.push(chunk({ delta: { tool_calls: [{ index: 0, id: call.id, type: 'function', function: { name: call.function.name, arguments: '' } }] } }));
+      for (const t of a.completionTokens) events.push(chunk({ delta: { tool_calls: [{ index: 0, function: { arguments: t.text } }] }, ...tokenParts(t) }));
+    } else {
+      for (const t of a.completionTokens) events.push(chunk({ delta: { content: t.text }, ...tokenParts(t) }));
+    }
+    events.push(chunk({ delta: {}, finish_reason: a.finishReason }));
+    if (a.includeUsage) events.push(chunk(undefined, { usage: a.usage }));
+    events.push('data: [DONE]\n\n');
+    for (const event of events) {
+      if (streamChunkDelayMs > 0 && !(await delay(streamChunkDelayMs, true, { signal: gone.signal }).catch(() => false))) break;
+      if (gone.signal.aborted) break;
+      res.write(event);
+    }
+    if (gone.signal.aborted) {
+      streams.aborted += 1;
+      return;
+    }
+    res.end();
+    streams.completed += 1;
   }
 
   const calls = (): StubCallCount[] =>
@@ -167,7 +252,7 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
     if (pathname === MODELS_PATH && req.method === 'GET') {
       return sendJson(res, 200, { object: 'list', data: [{ id: STUB_MODEL, object: 'model', created: 0, owned_by: 'rollout-fleet' }] });
     }
-    if (pathname === STUB_CALLS_PATH && req.method === 'GET') return sendJson(res, 200, { calls: calls() });
+    if (pathname === STUB_CALLS_PATH && req.method === 'GET') return sendJson(res, 200, { calls: calls(), streams });
     if (pathname === CHAT_COMPLETIONS_PATH || pathname === MODELS_PATH || pathname === STUB_CALLS_PATH) {
       return sendJson(res, 405, errorBody('method_not_allowed', `${pathname} does not take ${req.method}`));
     }
@@ -203,6 +288,7 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
     socketPath,
     tasks,
     calls,
+    streams: () => ({ ...streams }),
     close() {
       closed ??= new Promise<void>((resolve) => {
         server.close(() => resolve());

@@ -1,8 +1,9 @@
 // One model call to the upstream endpoint, retried with exponential backoff (and jitter) on connection
 // errors, timeouts, 429 and 5xx. Every attempt is reported, so the evidence shows what happened.
-import http from 'node:http';
+import http, { type IncomingMessage } from 'node:http';
 import https from 'node:https';
 import { setTimeout as delay } from 'node:timers/promises';
+import { RateLimitWaitAborted, UNLIMITED, type EndpointLimiter, type EndpointPermit } from './endpoint-limiter.ts';
 
 export interface RetryPolicy {
   /** Further attempts after the first. @default 3 */
@@ -24,30 +25,48 @@ export interface UpstreamRequest {
 }
 
 export interface UpstreamOptions {
-  /** Deadline of one attempt. */
+  /** Deadline of one attempt (a streamed answer included). */
   timeoutMs: number;
   retry: RetryPolicy;
-  /** A larger answer fails the call (it is not retried). */
+  /** A larger answer fails the call (it is not retried). Streamed answers are relayed, not held. */
   maxResponseBytes: number;
   /** Aborts the call and its backoff (the client went away or the proxy is closing). */
   signal: AbortSignal;
+  /** Hand back a 200 text/event-stream answer as a live stream instead of reading it whole. */
+  stream?: boolean;
+  /** The endpoint's fleet-wide limits, asked before every attempt. @default UNLIMITED */
+  limiter?: EndpointLimiter;
 }
 
 export interface UpstreamAttempt {
   status?: number;
   error?: string;
   durationMs: number;
+  /** Time waited for a turn of the fleet-wide limits before the attempt. */
+  waitedMs?: number;
+}
+
+interface Answered {
+  ok: true;
+  status: number;
+  contentType: string | undefined;
+  attempts: UpstreamAttempt[];
+  /** The attempt's turn of the fleet-wide limits: release it (with the tokens used) once the answer is read. */
+  permit: EndpointPermit;
 }
 
 export type UpstreamResult =
-  | { ok: true; status: number; contentType: string | undefined; body: Buffer; attempts: UpstreamAttempt[] }
-  | { ok: false; message: string; lastStatus?: number; attempts: UpstreamAttempt[] };
+  | (Answered & { body: Buffer })
+  /** A streamed answer, still flowing: read it, then release the permit. Aborting the call's signal ends it. */
+  | (Answered & { stream: IncomingMessage })
+  | { ok: false; message: string; lastStatus?: number; attempts: UpstreamAttempt[]; rateLimited?: boolean };
 
 interface AttemptAnswer {
   status: number;
   contentType: string | undefined;
   retryAfterMs: number | undefined;
-  body: Buffer;
+  body?: Buffer;
+  stream?: IncomingMessage;
 }
 
 class ResponseTooLargeError extends Error {}
@@ -65,6 +84,8 @@ export function upstreamUrl(base: URL, path: string): URL {
   return url;
 }
 
+const isEventStream = (contentType: string | undefined) => contentType?.split(';')[0]?.trim().toLowerCase() === 'text/event-stream';
+
 function attemptOnce(url: URL, req: UpstreamRequest, opts: UpstreamOptions): Promise<AttemptAnswer> {
   const signal = AbortSignal.any([opts.signal, AbortSignal.timeout(opts.timeoutMs)]);
   const send = url.protocol === 'https:' ? https.request : http.request;
@@ -72,6 +93,15 @@ function attemptOnce(url: URL, req: UpstreamRequest, opts: UpstreamOptions): Pro
     const headers: Record<string, string | number> = { ...req.headers };
     if (req.body !== undefined) headers['content-length'] = req.body.length;
     const outgoing = send(url, { method: req.method, headers, signal }, (res) => {
+      const answer = {
+        status: res.statusCode ?? 0,
+        contentType: res.headers['content-type'],
+        retryAfterMs: retryAfterMs(res.headers['retry-after'] as string | undefined),
+      };
+      if (opts.stream === true && answer.status === 200 && isEventStream(answer.contentType)) {
+        resolve({ ...answer, stream: res });
+        return;
+      }
       const chunks: Buffer[] = [];
       let size = 0;
       res.on('data', (chunk: Buffer) => {
@@ -83,14 +113,7 @@ function attemptOnce(url: URL, req: UpstreamRequest, opts: UpstreamOptions): Pro
         chunks.push(chunk);
       });
       res.once('error', reject);
-      res.once('end', () =>
-        resolve({
-          status: res.statusCode ?? 0,
-          contentType: res.headers['content-type'],
-          retryAfterMs: retryAfterMs(res.headers['retry-after'] as string | undefined),
-          body: Buffer.concat(chunks),
-        }),
-      );
+      res.once('end', () => resolve({ ...answer, body: Buffer.concat(chunks) }));
     });
     outgoing.once('error', (err) => reject(signal.aborted && !opts.signal.aborted ? new Error(`no answer within ${opts.timeoutMs} ms`) : err));
     outgoing.end(req.body);
@@ -102,28 +125,46 @@ const describe = (err: unknown): string => {
   return e.code !== undefined ? `${e.code}: ${e.message}` : String(e.message ?? err);
 };
 
-/** Send a request upstream, retrying transient failures; never throws (but for the caller's abort). */
+/**
+ * Send a request upstream, retrying transient failures; never throws (but for the caller's abort).
+ * Each attempt waits for a turn of the endpoint's fleet-wide limits first, at most `timeoutMs`
+ * (then the call ends `rateLimited`), and reports its outcome to them.
+ */
 export async function callUpstream(base: URL, req: UpstreamRequest, opts: UpstreamOptions): Promise<UpstreamResult> {
   const url = upstreamUrl(base, req.path);
+  const limiter = opts.limiter ?? UNLIMITED;
   const attempts: UpstreamAttempt[] = [];
   let lastStatus: number | undefined;
   let lastMessage = '';
   for (let n = 0; n <= opts.retry.retries; n++) {
+    const waitStarted = performance.now();
+    let permit: EndpointPermit;
+    try {
+      permit = await limiter.acquire(AbortSignal.any([opts.signal, AbortSignal.timeout(opts.timeoutMs)]));
+    } catch (err) {
+      opts.signal.throwIfAborted();
+      if (!(err instanceof RateLimitWaitAborted)) throw err;
+      return { ok: false, rateLimited: true, message: err.message, attempts, ...(lastStatus !== undefined ? { lastStatus } : {}) };
+    }
     const started = performance.now();
+    const waitedMs = Math.round(started - waitStarted);
     let waitHintMs: number | undefined;
     try {
       const answer = await attemptOnce(url, req, opts);
       const durationMs = Math.round(performance.now() - started);
-      attempts.push({ status: answer.status, durationMs });
+      attempts.push({ status: answer.status, durationMs, ...(waitedMs > 0 && { waitedMs }) });
       if (answer.status < 500 && answer.status !== 429) {
-        return { ok: true, status: answer.status, contentType: answer.contentType, body: answer.body, attempts };
+        const answered = { ok: true as const, status: answer.status, contentType: answer.contentType, attempts, permit };
+        return answer.stream !== undefined ? { ...answered, stream: answer.stream } : { ...answered, body: answer.body ?? Buffer.alloc(0) };
       }
+      await permit.release({ status: answer.status, retryAfterMs: answer.retryAfterMs });
       lastStatus = answer.status;
       lastMessage = `upstream answered ${answer.status}`;
       waitHintMs = answer.retryAfterMs;
     } catch (err) {
+      await permit.release({});
       opts.signal.throwIfAborted();
-      attempts.push({ error: describe(err), durationMs: Math.round(performance.now() - started) });
+      attempts.push({ error: describe(err), durationMs: Math.round(performance.now() - started), ...(waitedMs > 0 && { waitedMs }) });
       lastMessage = describe(err);
       if (err instanceof ResponseTooLargeError) return { ok: false, message: lastMessage, attempts };
     }

@@ -90,3 +90,56 @@ export async function closedPort(): Promise<number> {
 }
 
 export const TOOLS = ['bash', 'read_file', 'write_file', 'finish'].map((name) => ({ type: 'function', function: { name, parameters: { type: 'object' } } }));
+
+export interface StreamedAnswer {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  /** The `data:` payloads in the order they arrived, `[DONE]` included. */
+  events: string[];
+  /** The body when the answer was not an event stream (an error). */
+  text: string;
+}
+
+/**
+ * POST a streamed chat call and collect its events as they arrive. `onEvent` sees each one the moment
+ * it is parsed; returning 'disconnect' destroys the connection there (a client that goes away).
+ */
+export function streamChat(target: Target, body: unknown, onEvent?: (data: string, index: number) => 'disconnect' | void): Promise<StreamedAnswer> {
+  const payload = Buffer.from(JSON.stringify(body));
+  const where = 'socketPath' in target
+    ? { socketPath: target.socketPath, path: '/v1/chat/completions' }
+    : (() => {
+        const u = new URL(`${target.baseUrl}/chat/completions`);
+        return { host: u.hostname, port: u.port, path: u.pathname };
+      })();
+  return new Promise((resolve, reject) => {
+    const req = http.request({ ...where, method: 'POST', agent: false, headers: { 'content-type': 'application/json', 'content-length': payload.length } }, (res) => {
+      const events: string[] = [];
+      let buffer = '';
+      let text = '';
+      const done = () => resolve({ status: res.statusCode ?? 0, headers: res.headers, events, text });
+      res.setEncoding('utf8');
+      res.on('data', (chunk: string) => {
+        text += chunk;
+        buffer += chunk;
+        let end: number;
+        while ((end = buffer.indexOf('\n\n')) !== -1) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const data = block.split('\n').filter((l) => l.startsWith('data: ')).map((l) => l.slice(6)).join('\n');
+          if (data === '') continue;
+          events.push(data);
+          if (onEvent?.(data, events.length - 1) === 'disconnect') {
+            req.destroy();
+            done();
+            return;
+          }
+        }
+      });
+      res.on('end', done);
+      res.on('error', () => done());
+    });
+    req.on('error', (err) => (req.destroyed ? undefined : reject(err)));
+    req.end(payload);
+  });
+}

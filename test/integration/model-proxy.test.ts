@@ -61,7 +61,7 @@ describe('model proxy', () => {
     expect(toolCallOf(answer)).toMatchObject({ name: 'write_file', args: { path: `${STUB_SOLUTION_DIR}/solve.sh` } });
     expect(bodyOf(answer).usage!.total_tokens).toBeGreaterThan(0);
     expect(stub.calls().filter((c) => c.episodeId === episodeId)).toEqual([{ episodeId, taskId: 'fix-greeting', turn: 0, count: 1 }]);
-    expect(p.stats()).toEqual({ calls: 1, tokens: bodyOf(answer).usage!.total_tokens, refused: 0, failed: 0, inFlight: 0 });
+    expect(p.stats()).toEqual({ calls: 1, tokens: bodyOf(answer).usage!.total_tokens, refused: 0, failed: 0, rateLimited: 0, inFlight: 0 });
 
     const models = await request(target, 'GET', '/v1/models');
     expect(models.status).toBe(200);
@@ -89,7 +89,7 @@ describe('model proxy', () => {
       [await request(target, 'GET', '/v1/../etc/passwd'), 404, 'not_found'],
       [await chat(target, '{"messages": [oops'), 400, 'invalid_request'],
       [await chat(target, { messages: [] }), 400, 'invalid_request'],
-      [await chat(target, { stream: true, messages: conversation('x') }), 400, 'stream_unsupported'],
+      [await chat(target, { stream: true, n: 2, messages: conversation('x') }), 400, 'invalid_request'],
       [await chat(target, { messages: conversation('x'.repeat(100 * 1024)) }), 413, 'body_too_large'],
     ] as const;
     for (const [answer, status, type] of cases) {
@@ -100,7 +100,7 @@ describe('model proxy', () => {
     expect(cases[0][0].headers.allow).toBe('POST');
     expect(bodyOf(cases[2][0]).error!.message).toContain('/v1/chat/completions');
     expect(bodyOf(cases[6][0]).error!.message).toContain('messages');
-    expect(p.stats()).toEqual({ calls: 0, tokens: 0, refused: cases.length, failed: 0, inFlight: 0 });
+    expect(p.stats()).toEqual({ calls: 0, tokens: 0, refused: cases.length, failed: 0, rateLimited: 0, inFlight: 0 });
     expect(stub.calls().filter((c) => c.episodeId === episodeId)).toEqual([]);
     expect((await records()).map((r) => [r.status, r.outcome])).toEqual(cases.map(([, status]) => [status, 'refused']));
   });
@@ -141,7 +141,7 @@ describe('model proxy', () => {
     expect(answer.status).toBe(502);
     expect(bodyOf(answer).error).toMatchObject({ type: 'upstream_failed', attempts: 3 });
     expect(bodyOf(answer).error!.message).toContain('ECONNREFUSED');
-    expect(p.stats()).toEqual({ calls: 0, tokens: 0, refused: 0, failed: 1, inFlight: 0 });
+    expect(p.stats()).toEqual({ calls: 0, tokens: 0, refused: 0, failed: 1, rateLimited: 0, inFlight: 0 });
     const [record] = await records();
     expect(record).toMatchObject({ status: 502, outcome: 'upstream_failed' });
     expect(record!.attempts).toHaveLength(3);

@@ -87,8 +87,6 @@ describe('scripted policy server', () => {
     const unknown = await chat(target, { messages: conversation('Paint the fence.') }, { 'x-rollout-task': 'no-such-task' });
     expect(unknown.status).toBe(400);
     expect(bodyOf(unknown).error).toMatchObject({ type: 'unknown_task' });
-    const streamed = await chat(target, { stream: true, messages: conversation('x') });
-    expect(bodyOf(streamed).error).toMatchObject({ type: 'stream_unsupported' });
   });
 
   it('gives a deterministic share of episodes the wrong script', async () => {
