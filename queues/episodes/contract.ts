@@ -4,7 +4,7 @@ import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import { EpisodeId } from '../../src/ids/episode-id.ts';
 import { FAILURE_KINDS, MAX_RETRIES_PER_KIND } from '../../src/errors/failure-kind.ts';
-import { AgentSpec } from '../../src/tasks/agent-spec.ts';
+import { AgentSpec, ModelOptions } from '../../src/tasks/agent-spec.ts';
 import { TaskSpec } from '../../src/tasks/task-spec.ts';
 
 export const EPISODES_QUEUE = 'episodes';
@@ -20,6 +20,8 @@ export const EpisodeJob = z.strictObject({
   /** sha256 of the packed task folder in the task store: what exactly this episode ran. */
   taskDigest: z.string().regex(/^[0-9a-f]{64}$/, 'a sha256 in hex'),
   agent: AgentSpec,
+  /** The batch's model options (token capture). */
+  model: ModelOptions.optional(),
   enqueuedAt: z.iso.datetime(),
 });
 export type EpisodeJob = z.infer<typeof EpisodeJob>;

@@ -1,21 +1,40 @@
-// Runs one shell command in the sandbox as the agent: handy for baselines, smoke tests and tasks whose
-// "agent" is a script.
+// Runs one shell command in the sandbox as the agent: handy for baselines, smoke tests, tasks whose
+// "agent" is a script, and agents people bring (a Python loop, a coding CLI). When the episode has a
+// model proxy, the command runs behind the model forwarder: any OpenAI-compatible client inside finds
+// the model at OPENAI_BASE_URL (a loopback address) with a placeholder key; the real key stays outside.
+import { shellQuote } from '../files/shell-quote.ts';
 import type { TaskSpec } from '../tasks/task-spec.ts';
 import type { Agent, AgentContext, AgentRun } from './agent-context.ts';
+import { MODEL_FORWARDER_PATH } from './sandbox-programs.ts';
+
+/** The loopback port of the model inside every sandbox (each sandbox has its own network namespace). */
+export const SANDBOX_MODEL_PORT = 8377;
+/** What OPENAI_API_KEY holds inside a sandbox: clients insist on one; it opens nothing. */
+export const SANDBOX_API_KEY = 'sk-rollout-fleet-placeholder';
 
 /** What every shell agent sees in its environment: the instruction, never a secret. */
 export function agentEnv(task: TaskSpec): Record<string, string> {
   return { TASK_ID: task.id, TASK_INSTRUCTION: task.instruction };
 }
 
+/** The model's address as OpenAI-compatible clients read it from the environment. */
+export function modelEnv(port = SANDBOX_MODEL_PORT): Record<string, string> {
+  return { OPENAI_BASE_URL: `http://127.0.0.1:${port}/v1`, OPENAI_API_KEY: SANDBOX_API_KEY };
+}
+
 export class CommandAgent implements Agent {
   constructor(private readonly command: string) {}
 
   async run(ctx: AgentContext): Promise<AgentRun> {
-    return ctx.session.exec(this.command, {
+    const { modelSocket, runtimeMountPath } = ctx;
+    const gateway = modelSocket !== undefined && runtimeMountPath !== undefined;
+    const command = gateway
+      ? `exec ${runtimeMountPath}/bin/node ${runtimeMountPath}/${MODEL_FORWARDER_PATH} ${shellQuote(modelSocket)} ${SANDBOX_MODEL_PORT}`
+      : this.command;
+    return ctx.session.exec(command, {
       timeoutMs: ctx.ceilingMs,
       capBytes: ctx.outputCapBytes,
-      env: agentEnv(ctx.task),
+      env: { ...agentEnv(ctx.task), ...(gateway && { ...modelEnv(), ROLLOUT_AGENT_COMMAND: this.command }) },
       signal: ctx.signal,
     });
   }

@@ -6,11 +6,10 @@ import { FleetError } from '../errors/fleet-error.ts';
 import { SANDBOX_USER } from '../sandbox/sandbox-session.ts';
 import type { LlmAgentSpec } from '../tasks/agent-spec.ts';
 import type { Agent, AgentContext, AgentRun } from './agent-context.ts';
+import { REFERENCE_AGENT_PATH } from './sandbox-programs.ts';
 import { AgentEventParser, type AgentEvent } from './reference/agent-events.ts';
 import { AGENT_INPUT_PATH, type AgentInput } from './reference/agent-input.ts';
 
-/** Where the bundled agent sits inside the runtime generation. */
-export const REFERENCE_AGENT_PATH = 'agent/reference-agent.mjs';
 
 async function inputTar(input: AgentInput): Promise<Buffer> {
   const common = { uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid, mtime: new Date(0) };

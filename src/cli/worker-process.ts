@@ -17,8 +17,7 @@ import { EPISODES_QUEUE, episodeBackoffMs } from '../../queues/episodes/contract
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import { episodeFailedListener, episodeProcessor, type EpisodeProcessorDeps, type RetryBudgets } from '../../queues/episodes/processor.ts';
 import path from 'node:path';
-import { REFERENCE_AGENT_PATH } from '../agent/llm-agent.ts';
-import { bundleReferenceAgent } from '../agent/reference/bundle-agent.ts';
+import { sandboxPrograms } from '../agent/sandbox-programs.ts';
 import { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
 import { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
 import { DEFAULT_RETRY_BUDGETS } from '../errors/failure-kind.ts';
@@ -117,13 +116,12 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   outages.watchClient(subscriber, 'cancel-subscriber');
 
   const results = new ResultsStore(connection, prefix, opts.dataDir);
-  // The runtime's inputs (node, its libraries, the bundled reference agent) are gathered once.
+  // The runtime's inputs (node, its libraries, the bundled sandbox programs) are gathered once.
   let inputs: Promise<RuntimeInputs> | undefined;
   const runtimeInputs = () => {
     inputs ??= (async () => {
       const cache = path.join(opts.dataDir, 'runtime-src');
-      const agent = await bundleReferenceAgent(cache);
-      return defaultRuntimeInputs([{ source: agent, path: REFERENCE_AGENT_PATH, mode: 0o644 }], { cacheDir: cache });
+      return defaultRuntimeInputs(await sandboxPrograms(cache), { cacheDir: cache });
     })();
     inputs.catch(() => (inputs = undefined));
     return inputs;

@@ -12,6 +12,7 @@ import type { FleetError } from '../errors/fleet-error.ts';
 import type { StopReason } from '../errors/episode-stop.ts';
 import type { EvidenceStore } from '../evidence/evidence-store.ts';
 import type { ExtractLimits } from '../evidence/safe-extract.ts';
+import type { EndpointLimiter } from '../model/endpoint-limiter.ts';
 import type { ModelProxy } from '../model/model-proxy.ts';
 import type { RuntimeGeneration } from '../runtime/prepare-runtime.ts';
 import type { ExecResult, SandboxSession } from '../sandbox/sandbox-session.ts';
@@ -52,6 +53,8 @@ export interface ModelSettings {
   maxTokens: number;
   requestTimeoutMs: number;
   upstreamRetries: number;
+  /** The endpoint's fleet-wide limits, shared by every episode of the worker (and, in Redis, of the fleet). */
+  limiter?: EndpointLimiter;
 }
 
 export interface EpisodeAttempt {

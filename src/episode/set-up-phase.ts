@@ -8,6 +8,7 @@ import type { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { MODEL_CALLS_FILE, modelSocketPath, startModelProxy, type ModelProxy } from '../model/model-proxy.ts';
 import { SANDBOX_USER, SandboxSession } from '../sandbox/sandbox-session.ts';
+import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
 
@@ -19,7 +20,7 @@ export async function setUp(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
   state.archive = archive;
   const runtime = await deadline.run('preparing the runtime generation', (signal) => deps.prepareRuntime(signal));
   state.runtime = runtime;
-  if (job.agent.kind === 'llm') {
+  if (agentUsesModel(job.agent, deps.model !== undefined)) {
     // A proxy that starts after the deadline is closed at once: nothing would ever close it otherwise.
     state.proxy = await deadline.run('starting the model proxy', () => startEpisodeProxy(attempt, deps), (late) => {
       late.close()
@@ -71,5 +72,7 @@ async function startEpisodeProxy(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
     log: deps.log,
     requestTimeoutMs: deps.model.requestTimeoutMs,
     retry: { retries: deps.model.upstreamRetries },
+    captureTokens: job.model?.capture === 'tokens',
+    ...(deps.model.limiter && { limiter: deps.model.limiter }),
   });
 }

@@ -10,6 +10,7 @@
 //   turn 0 bash "cd <workdir> && ls -la", turn 1 finish without solving.
 // After the script: a plain assistant message with no tool call.
 import { createHash } from 'node:crypto';
+import { shellQuote } from '../files/shell-quote.ts';
 import type { ChatMessage, ToolInvocation } from './chat-protocol.ts';
 import type { StubTask } from './stub-tasks.ts';
 
@@ -20,7 +21,6 @@ import type { StubTask } from './stub-tasks.ts';
 export const STUB_SOLUTION_DIR = '.solution';
 export const STUB_BASH_TIMEOUT_SEC = 60;
 
-const shellQuote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 
 /** The turn a request is at: how many assistant messages the conversation already has. */
 export function turnOf(messages: readonly ChatMessage[]): number {

@@ -62,13 +62,14 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
     name,
     samples: batch.samples,
     agent: batch.agent,
+    ...(batch.model && { model: batch.model }),
     tasks: tasks.map(({ spec, digest }) => ({ spec, digest })),
   });
   const batchId = `${name}-${createHash('sha256').update(identity).digest('hex').slice(0, 12)}`;
   // Measured before the jobs exist: one job per task tells the size of all its samples.
   let jobBytes = 0;
   for (const { spec, digest } of tasks) {
-    const one = { episodeId: `${batchId}.${spec.id}.${batch.samples - 1}`, batchId, sample: batch.samples - 1, task: spec, taskDigest: digest, agent: batch.agent, enqueuedAt: now.toISOString() };
+    const one = { episodeId: `${batchId}.${spec.id}.${batch.samples - 1}`, batchId, sample: batch.samples - 1, task: spec, taskDigest: digest, agent: batch.agent, ...(batch.model && { model: batch.model }), enqueuedAt: now.toISOString() };
     jobBytes += Buffer.byteLength(JSON.stringify(one)) * batch.samples;
   }
   if (jobBytes > MAX_BATCH_JOB_BYTES) {
@@ -87,6 +88,7 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
         task: spec,
         taskDigest: digest,
         agent: batch.agent,
+        ...(batch.model && { model: batch.model }),
         enqueuedAt: now.toISOString(),
       });
       // The batch and task schemas should make this impossible; if they do not, say so, without a stack.

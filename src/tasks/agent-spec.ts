@@ -21,6 +21,11 @@ export const CommandAgentSpec = z.strictObject({
       const bytes = Buffer.byteLength(c);
       if (bytes > MAX_AGENT_COMMAND_BYTES) ctx.addIssue({ code: 'custom', message: `at most ${MAX_AGENT_COMMAND_BYTES} bytes (got ${bytes} bytes)` });
     }),
+  /**
+   * Give the command a model at OPENAI_BASE_URL (through the episode's model proxy). true: the worker
+   * must have a model endpoint (MODEL_BASE_URL); false: never. @default whether the worker has one
+   */
+  model: z.boolean().optional(),
 });
 
 /** The reference LLM agent: a tool-calling loop in the sandbox, talking to the model through the proxy. */
@@ -47,6 +52,23 @@ export const LlmAgentSpec = z.strictObject({
   }
 });
 export type LlmAgentSpec = z.infer<typeof LlmAgentSpec>;
+
+/** What a batch asks of its episodes' model calls. */
+export const ModelOptions = z.strictObject({
+  /**
+   * `tokens`: ask the endpoint for token ids and logprobs (vLLM's request fields) in every chat call,
+   * kept per call in the evidence for training. Only for endpoints that accept those fields. @default none
+   */
+  capture: z.enum(['none', 'tokens']).default('none'),
+});
+export type ModelOptions = z.infer<typeof ModelOptions>;
+
+/** Whether an episode of `agent` runs a model proxy, on a worker that has a model endpoint or not. */
+export function agentUsesModel(agent: AgentSpec, workerHasModel: boolean): boolean {
+  if (agent.kind === 'llm') return true;
+  if (agent.kind === 'command') return agent.model ?? workerHasModel;
+  return false;
+}
 
 export const AgentSpec = z.discriminatedUnion('kind', [OracleAgentSpec, CommandAgentSpec, LlmAgentSpec]);
 export type AgentSpec = z.infer<typeof AgentSpec>;

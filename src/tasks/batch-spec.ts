@@ -1,7 +1,7 @@
 // The batch file (YAML): which task folders to run, how many samples of each, with which agent, and
 // defaults for the tasks. Paths are relative to the batch file.
 import { z } from 'zod';
-import { AgentSpec } from './agent-spec.ts';
+import { AgentSpec, ModelOptions } from './agent-spec.ts';
 import { TaskDefaults } from './task-spec.ts';
 
 export const BatchFile = z.strictObject({
@@ -15,6 +15,8 @@ export const BatchFile = z.strictObject({
   /** Episodes per task. @default 1 */
   samples: z.number().int().min(1).max(10_000).default(1),
   agent: AgentSpec,
+  /** What to ask of the model calls, e.g. `{ capture: tokens }`. */
+  model: ModelOptions.optional(),
   defaults: TaskDefaults.default({}),
 });
 export type BatchFile = z.infer<typeof BatchFile>;

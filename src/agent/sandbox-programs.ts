@@ -1,0 +1,53 @@
+// The programs the runtime generation carries into every sandbox, each bundled (with what it imports)
+// into one ESM file run by the runtime's node: the reference agent, and the model forwarder that gives
+// any agent a loopback address for the model. A bundle is deterministic and named by its hash,
+// published once and never rewritten, so an unchanged program keeps its file identity and the runtime
+// generation is not rebuilt.
+import { createHash } from 'node:crypto';
+import { mkdir, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { build } from 'esbuild';
+import { exists, publishOnce } from '../files/atomic-write.ts';
+import { PACKAGE_ROOT, siblingModule } from '../package-paths.ts';
+import type { ExtraFile } from '../runtime/runtime-inputs.ts';
+
+/** Where the bundled reference agent sits inside the runtime generation. */
+export const REFERENCE_AGENT_PATH = 'agent/reference-agent.mjs';
+/** Where the model forwarder sits inside the runtime generation. */
+export const MODEL_FORWARDER_PATH = 'agent/model-forwarder.mjs';
+
+// Each from its TypeScript source, or its compiled .js under dist/ (a different bundle, so a different generation).
+const PROGRAMS = [
+  { entry: siblingModule(import.meta.url, 'reference/agent-main'), name: 'reference-agent', path: REFERENCE_AGENT_PATH },
+  { entry: siblingModule(import.meta.url, 'gateway/forwarder-main'), name: 'model-forwarder', path: MODEL_FORWARDER_PATH },
+] as const;
+
+/** Bundle `entry` into `dir` as <name>-<hash>.mjs (once) and return its path. */
+async function bundle(entry: string, name: string, dir: string): Promise<string> {
+  const result = await build({
+    entryPoints: [entry],
+    // Paths in the bundle's comments are relative to this, so the bytes do not depend on the cwd.
+    absWorkingDir: PACKAGE_ROOT,
+    bundle: true,
+    platform: 'node',
+    format: 'esm',
+    target: 'node20',
+    write: false,
+    legalComments: 'none',
+    logLevel: 'silent',
+  });
+  const bytes = result.outputFiles[0]?.contents;
+  if (bytes === undefined) throw new Error(`esbuild produced no output for ${name}`);
+  const outFile = path.join(dir, `${name}-${createHash('sha256').update(bytes).digest('hex').slice(0, 16)}.mjs`);
+  if (await exists(outFile)) return outFile;
+  await mkdir(dir, { recursive: true });
+  const tmp = `${outFile}.${process.pid}.${Date.now()}.tmp`;
+  await writeFile(tmp, bytes);
+  await publishOnce(tmp, outFile);
+  return outFile;
+}
+
+/** Every sandbox program bundled into `dir`, as extra files of the runtime generation. */
+export async function sandboxPrograms(dir: string): Promise<ExtraFile[]> {
+  return Promise.all(PROGRAMS.map(async (p) => ({ source: await bundle(p.entry, p.name, dir), path: p.path, mode: 0o644 as const })));
+}
