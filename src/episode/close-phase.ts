@@ -3,11 +3,15 @@
 // workspace snapshot and diff), hand the sandbox to the cleanup queue. What close cannot finish in
 // time goes on in the background: the hand-over completes when Redis answers again, the sandbox is
 // also removed directly, and the cleanup queue and the reaper finish whatever is left.
-import { rm } from 'node:fs/promises';
+import { readFile, rm } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { Deadline, untilAborted } from '../deadlines/deadline.ts';
 import { extractSafely } from '../evidence/safe-extract.ts';
+import { TRAJECTORY_FILE, buildTrajectory } from '../evidence/trajectory.ts';
+import { writeFileAtomic } from '../files/atomic-write.ts';
+import type { ModelCallRecord } from '../model/call-evidence.ts';
+import { MODEL_CALLS_FILE } from '../model/model-proxy.ts';
 import { diffWorkspace } from '../evidence/workspace-diff.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
 import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
@@ -80,10 +84,13 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
   const { task } = job;
   const { evidence, log } = deps;
   await state.proxy?.close().catch((err: unknown) => log.warn({ err: String(err) }, 'closing the model proxy failed'));
+  // The proxy's evidence is complete once it is closed: the trajectory is read from it.
+  const trajectory = state.proxy && writeTrajectory(attempt, deps).catch((err: unknown) => log.warn({ err: String(err) }, 'trajectory not written'));
   // Checkpoints still being handed over read the sandbox's workspace: let them finish first.
   await Promise.all([...state.snapshots]);
   await deps.checkpoints.sink.flush(job.episodeId, signal).catch((err: unknown) => log.warn({ err: String(err) }, 'checkpoint hand-over unfinished at close'));
   await Promise.all([
+    trajectory,
     state.agentRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'agent', state.agentRun),
     state.verifyRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'verifier', state.verifyRun),
   ]);
@@ -104,6 +111,22 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
       oomKilled: closed.oomKilled,
     }),
   ]);
+}
+
+async function writeTrajectory(attempt: EpisodeAttempt, deps: EpisodeDeps): Promise<void> {
+  const { job } = attempt;
+  const folder = deps.evidence.folder(job.episodeId, attempt.attempt);
+  const text = await readFile(path.join(folder, MODEL_CALLS_FILE), 'utf8').catch(() => '');
+  // A line cut short (the disk filled) is left out, not the trajectory.
+  const records = text.split('\n').flatMap((line) => {
+    try {
+      return line === '' ? [] : [JSON.parse(line) as ModelCallRecord];
+    } catch {
+      return [];
+    }
+  });
+  const trajectory = buildTrajectory(records, { episodeId: job.episodeId, taskId: job.task.id, attempt: attempt.attempt });
+  await writeFileAtomic(path.join(folder, TRAJECTORY_FILE), `${JSON.stringify(trajectory)}\n`);
 }
 
 const capInfo = (o: { totalBytes: number; truncated: boolean; capBytes: number }) => ({ totalBytes: o.totalBytes, truncated: o.truncated, capBytes: o.capBytes });

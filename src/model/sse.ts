@@ -42,6 +42,16 @@ export class SseParser {
     return events;
   }
 
+  /** The stream ended: a held lone \r ends its line. Returns the events that completes. */
+  end(): SseEvent[] {
+    const events: SseEvent[] = [];
+    if (this.buffer.endsWith('\r')) {
+      this.line(this.buffer.slice(0, -1), events);
+      this.buffer = '';
+    }
+    return events;
+  }
+
   /** Whether bytes of an unfinished event are held (a stream that ends now was cut mid-event). */
   get pending(): boolean {
     return this.buffer.length > 0 || this.data.length > 0;

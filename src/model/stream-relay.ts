@@ -4,7 +4,7 @@
 // error event the agent's client raises; an agent that goes away aborts the upstream call.
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { ModelErrorType } from './chat-protocol.ts';
-import { SSE_DONE, SseParser, formatSse } from './sse.ts';
+import { SSE_DONE, SseParser, formatSse, type SseEvent } from './sse.ts';
 import { StreamAssembler } from './stream-assembly.ts';
 
 export interface RelayOptions {
@@ -74,17 +74,7 @@ export function relayStream(upstream: IncomingMessage, res: ServerResponse, opts
     res.on('drain', () => upstream.resume());
     armIdle();
 
-    upstream.on('data', (chunk: Buffer) => {
-      if (settled) return;
-      armIdle();
-      bytes += chunk.length;
-      if (bytes > opts.maxBytes) return fail('upstream_failed', `the streamed answer is larger than ${opts.maxBytes} bytes`);
-      let parsed;
-      try {
-        parsed = parser.push(chunk);
-      } catch (err) {
-        return fail('upstream_malformed', `malformed event stream from the model endpoint: ${(err as Error).message}`);
-      }
+    const relay = (parsed: SseEvent[]) => {
       for (const event of parsed) {
         if (sawDone) return fail('upstream_malformed', 'the model endpoint sent events after [DONE]');
         if (event.data === SSE_DONE) {
@@ -113,8 +103,22 @@ export function relayStream(upstream: IncomingMessage, res: ServerResponse, opts
         events += 1;
         if (!res.write(formatSse(event.data))) upstream.pause();
       }
+    };
+    upstream.on('data', (chunk: Buffer) => {
+      if (settled) return;
+      armIdle();
+      bytes += chunk.length;
+      if (bytes > opts.maxBytes) return fail('upstream_failed', `the streamed answer is larger than ${opts.maxBytes} bytes`);
+      try {
+        relay(parser.push(chunk));
+      } catch (err) {
+        fail('upstream_malformed', `malformed event stream from the model endpoint: ${(err as Error).message}`);
+      }
     });
     upstream.once('end', () => {
+      if (settled) return;
+      relay(parser.end());
+      if (settled) return;
       if (sawDone && !parser.pending) settle('answered');
       else fail('upstream_malformed', sawDone ? 'the event stream ended in the middle of an event' : 'the event stream ended without [DONE]');
     });

@@ -3,7 +3,7 @@
 // loopback address that the model forwarder relays to the episode's proxy, in a sandbox that still
 // has network none. Streamed and not; the real key nowhere in the sandbox; a client that goes away
 // mid-stream aborts the upstream call.
-import { copyFile, mkdir, readFile } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { build } from 'esbuild';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
