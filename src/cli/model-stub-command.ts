@@ -9,6 +9,13 @@ import { UsageError, type Cli } from './context.ts';
 
 const USAGE = commandUsage('model-stub', COMMANDS['model-stub']);
 
+/** An option that takes an integer from 0 up; 0 when absent. */
+function wholeNumber(option: string, value: string | undefined): number {
+  const n = value === undefined ? 0 : Number(value);
+  if (!Number.isInteger(n) || n < 0) throw new UsageError(`${option}: expected an integer from 0 up, got ${JSON.stringify(value)}`);
+  return n;
+}
+
 export async function modelStubCommand(cli: Cli, args: string[]): Promise<number> {
   const { values } = parseArgs({ args, options: MODEL_STUB_OPTIONS });
   if ((values.port === undefined) === (values.socket === undefined)) throw new UsageError(`give exactly one of --port and --socket\n${USAGE}`);
@@ -21,14 +28,9 @@ export async function modelStubCommand(cli: Cli, args: string[]): Promise<number
   if (!(wrongFraction >= 0 && wrongFraction <= 1)) {
     throw new UsageError(`--wrong-fraction: expected a number from 0 to 1, got ${JSON.stringify(values['wrong-fraction'])}`);
   }
-  const failFirst = values['fail-first'] === undefined ? 0 : Number(values['fail-first']);
-  if (!Number.isInteger(failFirst) || failFirst < 0) {
-    throw new UsageError(`--fail-first: expected an integer from 0 up, got ${JSON.stringify(values['fail-first'])}`);
-  }
-  const delayMs = values['delay-ms'] === undefined ? 0 : Number(values['delay-ms']);
-  if (!Number.isInteger(delayMs) || delayMs < 0) {
-    throw new UsageError(`--delay-ms: expected an integer from 0 up, got ${JSON.stringify(values['delay-ms'])}`);
-  }
+  const failFirst = wholeNumber('--fail-first', values['fail-first']);
+  const delayMs = wholeNumber('--delay-ms', values['delay-ms']);
+  const streamChunkDelayMs = wholeNumber('--stream-chunk-delay-ms', values['stream-chunk-delay-ms']);
   if (values['require-key'] === '') throw new UsageError('--require-key: expected a non-empty key');
 
   const stub = await startModelStub({
@@ -38,6 +40,7 @@ export async function modelStubCommand(cli: Cli, args: string[]): Promise<number
     requireKey: values['require-key'],
     failFirst,
     delayMs,
+    streamChunkDelayMs,
     log: cli.log,
   });
   process.stdout.write(`${stub.baseUrl ?? `unix:${stub.socketPath}`}\n`);
