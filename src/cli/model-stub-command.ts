@@ -29,6 +29,10 @@ export async function modelStubCommand(cli: Cli, args: string[]): Promise<number
   if (!Number.isInteger(delayMs) || delayMs < 0) {
     throw new UsageError(`--delay-ms: expected an integer from 0 up, got ${JSON.stringify(values['delay-ms'])}`);
   }
+  const rateLimitRpm = values['rate-limit-rpm'] === undefined ? undefined : Number(values['rate-limit-rpm']);
+  if (rateLimitRpm !== undefined && !(Number.isInteger(rateLimitRpm) && rateLimitRpm > 0)) {
+    throw new UsageError(`--rate-limit-rpm: expected an integer from 1 up, got ${JSON.stringify(values['rate-limit-rpm'])}`);
+  }
   if (values['require-key'] === '') throw new UsageError('--require-key: expected a non-empty key');
 
   const stub = await startModelStub({
@@ -38,6 +42,7 @@ export async function modelStubCommand(cli: Cli, args: string[]): Promise<number
     requireKey: values['require-key'],
     failFirst,
     delayMs,
+    rateLimitRpm,
     log: cli.log,
   });
   process.stdout.write(`${stub.baseUrl ?? `unix:${stub.socketPath}`}\n`);
