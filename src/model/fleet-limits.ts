@@ -15,8 +15,9 @@
 //    aborted while sleeping gives its slot back when nobody reserved after it.
 //  - tokens per minute: a token allowance of one minute's worth, refilled continuously, charged after
 //    each answer (`release({ tokens })`); while it is in debt no new request starts.
+//    A caller holds its concurrency slot from the moment it reserves its request slot.
 //  - a Retry-After from upstream pauses every new turn fleet-wide until then (up to `maxPauseMs`); a
-//    caller that wakes for a reserved slot during a pause waits it out before its request starts.
+//    caller that wakes for a reserved slot during a pause gives it up and asks again after the pause.
 // Adaptive allowance (shared in Redis): the endpoint's factor multiplies requestsPerMinute and
 // maxConcurrent. A 429 or 503 cuts it (x`decrease`, not below `floor`), at most once per
 // `cutIntervalMs`, so the 429s of the requests already in flight count as one congestion event; each
@@ -469,11 +470,16 @@ export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
         }
         if (grant.delayMs > 0) {
           await sleep(grant.delayMs, undefined, { signal });
-          // A Retry-After that came while this caller slept for its slot holds it too.
-          for (;;) {
-            const pausedMs = Number(await untilAborted(cmd.rfModelLimitPauseLeft(state), signal, () => undefined));
-            if (pausedMs <= 0) break;
-            await sleep(Math.min(pausedMs, POLL_MAX_MS), undefined, { signal });
+          // A Retry-After that came while this caller slept for its slot holds it too. Its slot fell in
+          // the pause: it gives it up and asks again, so the callers reserved during a pause do not all
+          // start at once when it ends (the 429 spent the allowance; turns resume at the steady pace).
+          const pausedMs = Number(await untilAborted(cmd.rfModelLimitPauseLeft(state), signal, () => undefined));
+          if (pausedMs > 0) {
+            const dropped = grant;
+            grant = undefined;
+            await leave(id, dropped);
+            await sleep(jittered(pausedMs), undefined, { signal });
+            continue;
           }
         }
         const ms = waited();

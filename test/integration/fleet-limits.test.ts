@@ -143,6 +143,27 @@ describe('fleet-wide model endpoint limits', () => {
     await Promise.all([p1!.release({ status: 200 }), p2!.release({ status: 200 })]);
   });
 
+  it('hold callers sleeping until a reserved slot through a Retry-After, then resume at the steady pace, not all at once', async () => {
+    const [a, b] = limiters(2, { limits: { requestsPerMinute: 600 } });
+    // The burst (10) at once, then 10 more reserve the slots of the next second.
+    const burst = await Promise.all(Array.from({ length: 10 }, () => a!.acquire(never())));
+    const t0 = performance.now();
+    const starts: number[] = [];
+    const reserved = Array.from({ length: 10 }, () => b!.acquire(never()).then((p) => {
+      starts.push(performance.now() - t0);
+      return p;
+    }));
+    await waitFor('ten reservations', async () => (await b!.snapshot()).waiting === 10, 5_000, 10);
+    await burst[0]!.release({ status: 429, retryAfterMs: 1_000 });
+    await Promise.all(burst.slice(1).map((p) => p.release({ status: 200 })));
+    await Promise.all((await Promise.all(reserved)).map((p) => p.release({ status: 200 })));
+    starts.sort((x, y) => x - y);
+    console.log(`after a Retry-After of 1 s: reserved callers started at ${starts.map((t) => t.toFixed(0)).join(', ')} ms`);
+    expect(starts[0]).toBeGreaterThan(900);
+    // At the cut pace (0.7 of 10 a second: one every ~143 ms) with no burst left: 9 intervals.
+    expect(starts.at(-1)! - starts[0]!).toBeGreaterThan(9 * 143 * 0.8);
+  });
+
   it('reject an aborted or aborting wait promptly, leaving no slot or reservation taken', async () => {
     const [a, b] = limiters(2, { limits: { maxConcurrent: 1 } });
     const held = await a!.acquire(never());
