@@ -5,7 +5,7 @@
 // N (overall, and of the turns granted after a warm-up), the 429 share (overall and after the first adaptation, i.e. of the
 // calls that started after the first 429 was reported) and the wait for a turn (p50, p99). Figures,
 // not pass/fail. The limiter alone: a later version drives real workers and their model proxies.
-// Run: npx tsx bench/model-rate-limit.ts [--rpm 1200] [--seconds 20] [--warm-up 5] [--processes 3]
+// Run: npx tsx bench/model-rate-limit.ts [--rpm 1200] [--limiter-rpm N] [--seconds 20] [--warm-up 5] [--processes 3]
 //      [--concurrency 4] [--delay-ms 0]
 import { spawn } from 'node:child_process';
 import { once, setMaxListeners } from 'node:events';
@@ -21,6 +21,8 @@ import { startModelStub } from '../src/model/model-stub.ts';
 const { values } = parseArgs({
   options: {
     rpm: { type: 'string', default: '1200' },
+    /** The limiter's requests per minute, when not the stub's (e.g. above it, to watch the adaptation). */
+    'limiter-rpm': { type: 'string' },
     seconds: { type: 'string', default: '20' },
     'warm-up': { type: 'string', default: '5' },
     processes: { type: 'string', default: '3' },
@@ -36,6 +38,7 @@ const num = (name: keyof typeof values, min = 1) => {
   return n;
 };
 const rpm = num('rpm');
+const limiterRpm = values['limiter-rpm'] === undefined ? rpm : num('limiter-rpm');
 const seconds = num('seconds');
 const concurrency = num('concurrency');
 const silent = pino({ level: 'silent' });
@@ -59,7 +62,7 @@ interface ChildArgs {
 /** One process: `concurrency` loops until `until`, printing its calls as JSON on stdout. */
 async function child(args: ChildArgs): Promise<void> {
   const redis = new Redis(args.redisUrl, { maxRetriesPerRequest: null });
-  const limiter = createFleetLimiter({ redis, prefix: args.prefix, endpoint: args.baseUrl, limits: { requestsPerMinute: rpm }, log: silent });
+  const limiter = createFleetLimiter({ redis, prefix: args.prefix, endpoint: args.baseUrl, limits: { requestsPerMinute: limiterRpm }, log: silent });
   await new Promise((r) => setTimeout(r, Math.max(0, args.start - Date.now())));
   const stop = new AbortController();
   setMaxListeners(concurrency * 4, stop.signal);
@@ -113,7 +116,7 @@ async function main(): Promise<void> {
     const args: ChildArgs = { redisUrl: redis.url, prefix, baseUrl: stub.baseUrl!, start, until: start + seconds * 1000 };
     const self = fileURLToPath(import.meta.url);
     const children = Array.from({ length: processes }, () => {
-      const c = spawn(process.execPath, [...process.execArgv, self, '--child', JSON.stringify(args), '--rpm', String(rpm), '--concurrency', String(concurrency)], {
+      const c = spawn(process.execPath, [...process.execArgv, self, '--child', JSON.stringify(args), '--rpm', String(rpm), '--limiter-rpm', String(limiterRpm), '--concurrency', String(concurrency)], {
         stdio: ['ignore', 'pipe', 'inherit'],
       });
       let out = '';
@@ -137,7 +140,7 @@ async function main(): Promise<void> {
     const [m] = await readEndpointLimitMetrics(client, prefix);
     const perMs = rpm / 60_000;
 
-    console.log(`model endpoint limited to ${rpm}/min (stub), limiter at ${rpm}/min: ${processes} processes x ${concurrency} loops, ${seconds} s${delayMs > 0 ? `, answers after ${delayMs} ms` : ''}`);
+    console.log(`model endpoint limited to ${rpm}/min (stub), limiter at ${limiterRpm}/min: ${processes} processes x ${concurrency} loops, ${seconds} s${delayMs > 0 ? `, answers after ${delayMs} ms` : ''}`);
     console.log(`calls                             ${calls.length} (${ok.length} answered, ${limited.length} 429, ${calls.length - ok.length - limited.length} other)`);
     console.log(`throughput overall                ${((ok.length / runMs) * 60_000).toFixed(0)}/min = ${share(ok.length, perMs * runMs)} of N (the first second's burst included)`);
     console.log(`throughput after ${warmUpMs / 1000} s warm-up       ${((steadyOk / (seconds * 1000 - warmUpMs)) * 60_000).toFixed(0)}/min = ${share(steadyOk, perMs * (seconds * 1000 - warmUpMs))} of N`);
