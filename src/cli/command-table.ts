@@ -45,6 +45,7 @@ export const MODEL_STUB_OPTIONS = {
   'fail-first': { type: 'string' },
   'delay-ms': { type: 'string' },
   'stream-chunk-delay-ms': { type: 'string' },
+  'rate-limit-rpm': { type: 'string' },
 } as const satisfies CommandOptions;
 
 export const COMMANDS = {
@@ -128,7 +129,8 @@ summary and for every sandbox to be removed, and stops what it started. Needs a 
   },
   'model-stub': {
     synopsis: `(--port N [--host H] | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K]
-                                           [--fail-first N] [--delay-ms N] [--stream-chunk-delay-ms N]`,
+                                           [--fail-first N] [--delay-ms N] [--stream-chunk-delay-ms N]
+                                           [--rate-limit-rpm N]`,
     summary: 'the scripted policy server that stands in for a model',
     about: `Serves chat completions that solve the tasks under DIR with their solution/; prints its base URL
 (or unix:PATH) and runs until SIGTERM.`,
@@ -140,7 +142,8 @@ summary and for every sandbox to be removed, and stops what it started. Needs a 
   --require-key K   answer 401 without "Authorization: Bearer K"
   --fail-first N    answer 503 to the first N chat calls of each episode
   --delay-ms N      answer each chat call after N ms
-  --stream-chunk-delay-ms N  space the events of a streamed answer N ms apart`,
+  --stream-chunk-delay-ms N  space the events of a streamed answer N ms apart
+  --rate-limit-rpm N  answer 429 with Retry-After to chat calls beyond N a minute`,
     options: MODEL_STUB_OPTIONS,
     allowPositionals: false,
     load: async () => (await import('./model-stub-command.ts')).modelStubCommand,

@@ -31,6 +31,10 @@ export async function modelStubCommand(cli: Cli, args: string[]): Promise<number
   const failFirst = wholeNumber('--fail-first', values['fail-first']);
   const delayMs = wholeNumber('--delay-ms', values['delay-ms']);
   const streamChunkDelayMs = wholeNumber('--stream-chunk-delay-ms', values['stream-chunk-delay-ms']);
+  const rateLimitRpm = values['rate-limit-rpm'] === undefined ? undefined : Number(values['rate-limit-rpm']);
+  if (rateLimitRpm !== undefined && !(Number.isInteger(rateLimitRpm) && rateLimitRpm > 0)) {
+    throw new UsageError(`--rate-limit-rpm: expected an integer from 1 up, got ${JSON.stringify(values['rate-limit-rpm'])}`);
+  }
   if (values['require-key'] === '') throw new UsageError('--require-key: expected a non-empty key');
 
   const stub = await startModelStub({
@@ -41,6 +45,7 @@ export async function modelStubCommand(cli: Cli, args: string[]): Promise<number
     failFirst,
     delayMs,
     streamChunkDelayMs,
+    rateLimitRpm,
     log: cli.log,
   });
   process.stdout.write(`${stub.baseUrl ?? `unix:${stub.socketPath}`}\n`);

@@ -75,6 +75,22 @@ export const FleetConfig = z.object({
   MODEL_REQUEST_TIMEOUT_MS: positiveInt.default(300_000),
   /** The proxy's further attempts of one call after a connection error, timeout, 429 or 5xx, with backoff (episode retries are separate). @default 3 */
   MODEL_UPSTREAM_RETRIES: z.coerce.number().int().min(0).max(10).default(3),
+  /**
+   * Concurrent requests to MODEL_BASE_URL across the whole fleet (every worker and host sharing this
+   * Redis), counted in Redis. Unset: no limit of concurrency.
+   */
+  MODEL_MAX_CONCURRENT: positiveInt.optional(),
+  /**
+   * Requests per minute to MODEL_BASE_URL across the whole fleet (the endpoint's rate limit; bursts of
+   * about one second's worth). Cut down for a while after a 429 or 503, and paused by a Retry-After.
+   * Unset: no limit of requests.
+   */
+  MODEL_REQUESTS_PER_MINUTE: positiveInt.optional(),
+  /**
+   * Tokens (`usage.total_tokens`) per minute of MODEL_BASE_URL across the whole fleet, charged after
+   * each answer; new requests wait while the allowance is in debt. Unset: no limit of tokens.
+   */
+  MODEL_TOKENS_PER_MINUTE: positiveInt.optional(),
   /** Runtime generations that no sandbox used for this long are removed by the reaper. @default 604800000 (7 days) */
   FLEET_RUNTIME_MAX_IDLE_MS: positiveInt.default(7 * 24 * 3600 * 1000),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),

@@ -20,6 +20,7 @@ import { batchPages } from './batch-pages.ts';
 import { episodeHref } from './batch-view.ts';
 import { bullBoardRouter } from './bull-board.ts';
 import { createFleetMetrics } from './fleet-metrics.ts';
+import { readEndpointLimitMetrics } from '../model/fleet-limits.ts';
 
 export const BULL_BOARD_PATH = '/queues';
 
@@ -80,6 +81,7 @@ export function createDashboardApp(opts: DashboardOptions): DashboardApp {
     results,
     activeLeases: () => countLeases(redis, prefix),
     reapedSandboxes: async () => Number((await redis.get(reapedCountKey(prefix))) ?? 0),
+    modelEndpoints: () => readEndpointLimitMetrics(redis, prefix),
   });
 
   const app = express();

@@ -1,6 +1,8 @@
 // /metrics of the dashboard, in Prometheus format (prom-client): episodes by status and failure kind
 // and phase durations (both observed from the results store), queue depths per queue and state, and
-// the workers connected to each queue. Every number is read from Redis; nothing is a placeholder.
+// the workers connected to each queue, and the fleet-wide limits of each model endpoint (in flight,
+// waiting, 429s, tokens of the last minute, allowance factor; labelled by the endpoint's short hash and
+// host). Every number is read from Redis; nothing is a placeholder.
 //
 // Results are ingested incrementally: each scrape reads only batches that were not yet complete when
 // last seen, observes the results it has not seen, and forgets a batch once all its episodes were
@@ -9,6 +11,7 @@
 import type { JobState, Queue } from 'bullmq';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+import type { EndpointLimitMetrics } from '../model/fleet-limits.ts';
 import type { ResultsStore } from '../results/results-store.ts';
 import { PHASES } from './batch-stats.ts';
 
@@ -22,6 +25,8 @@ export interface FleetMetricsOptions {
   activeLeases: () => Promise<number>;
   /** Sandboxes the reaper removed, ever (a counter kept in Redis). */
   reapedSandboxes: () => Promise<number>;
+  /** Each model endpoint's fleet-wide limit numbers, as kept in Redis (readEndpointLimitMetrics). Unset: not reported. */
+  modelEndpoints?: () => Promise<EndpointLimitMetrics[]>;
   /** How many of the newest batches the first scrape reads. @default 1000 */
   backfillBatches?: number;
 }
@@ -96,6 +101,47 @@ export function createFleetMetrics(opts: FleetMetricsOptions): FleetMetrics {
       this.set(await opts.reapedSandboxes());
     },
   });
+
+  if (opts.modelEndpoints !== undefined) {
+    const read = opts.modelEndpoints;
+    // One read of Redis per scrape, shared by the gauges below (prom-client collects them in turn).
+    let reading: Promise<EndpointLimitMetrics[]> | undefined;
+    const endpoints = () => {
+      reading ??= read().finally(() => setImmediate(() => (reading = undefined)));
+      return reading;
+    };
+    const endpointGauge = (name: string, help: string, value: (m: EndpointLimitMetrics) => number) =>
+      new Gauge({
+        name,
+        help,
+        labelNames: ['endpoint', 'host'] as const,
+        registers: [registry],
+        async collect() {
+          this.reset();
+          for (const m of await endpoints()) this.set({ endpoint: m.endpoint, host: m.host }, value(m));
+        },
+      });
+    endpointGauge('rollout_fleet_model_endpoint_in_flight', 'Requests to the model endpoint in flight now, fleet-wide (concurrency leases in Redis)', (m) => m.inFlight);
+    endpointGauge('rollout_fleet_model_endpoint_waiting', 'Model calls waiting for a turn of the endpoint\'s fleet-wide limits now', (m) => m.waiting);
+    // Counters kept in Redis (they start again from 0 when an idle endpoint's keys expire, which
+    // Prometheus takes as a counter reset).
+    const endpointCounter = (name: string, help: string, value: (m: EndpointLimitMetrics) => number) =>
+      new Counter({
+        name,
+        help,
+        labelNames: ['endpoint', 'host'] as const,
+        registers: [registry],
+        async collect() {
+          this.reset();
+          for (const m of await endpoints()) this.inc({ endpoint: m.endpoint, host: m.host }, value(m));
+        },
+      });
+    endpointCounter('rollout_fleet_model_endpoint_rate_limited_total', '429 answers of the model endpoint reported fleet-wide, as counted in Redis', (m) => m.rateLimited);
+    endpointCounter('rollout_fleet_model_endpoint_unavailable_total', '503 answers of the model endpoint reported fleet-wide, as counted in Redis', (m) => m.unavailable);
+    endpointGauge('rollout_fleet_model_endpoint_tokens_last_minute', 'Tokens the model endpoint\'s answers used in the last minute, fleet-wide', (m) => m.tokensLastMinute);
+    endpointGauge('rollout_fleet_model_endpoint_allowance_factor', 'Adaptive share (0.1 to 1) of the configured requests per minute and concurrency now allowed, cut by 429s and 503s', (m) => m.allowanceFactor);
+    endpointGauge('rollout_fleet_model_endpoint_paused_seconds', 'Seconds the model endpoint\'s turns are still paused by a Retry-After', (m) => m.pausedMs / 1000);
+  }
 
   const observe = (r: EpisodeResult) => {
     episodes.inc({ status: r.status, kind: r.error?.kind ?? 'none' });

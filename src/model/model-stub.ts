@@ -25,9 +25,12 @@ import {
 import { isWrongEpisode, scriptedTurn, taskByInstruction, turnOf } from './stub-script.ts';
 import { loadStubTasks, type StubTask } from './stub-tasks.ts';
 import { logprobsContent, stubTokens, type StubToken, type TokenRequest } from './stub-tokens.ts';
+import { StubRateLimit } from './stub-rate-limit.ts';
 
 export const STUB_MODEL = 'scripted-policy';
 export const STUB_CALLS_PATH = '/_stub/calls';
+/** GET: `{ answered, rateLimited }`, chat calls past the rate limit and chat calls refused 429 by it. */
+export const STUB_STATS_PATH = '/_stub/stats';
 const MAX_BODY_BYTES = 16 * 1024 * 1024;
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
 
@@ -46,6 +49,8 @@ export interface ModelStubOptions {
   delayMs?: number;
   /** Space the events of a streamed answer by this long (a model generating token by token). @default 0 */
   streamChunkDelayMs?: number;
+  /** Refuse chat calls beyond this many a minute (bursts of one second's worth) with 429 and Retry-After. Unset: no limit. */
+  rateLimitRpm?: number | undefined;
   log: Logger;
 }
 
@@ -101,6 +106,8 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
     throw new TypeError(`Expected \`streamChunkDelayMs\` to be an integer from 0 up, got \`${String(streamChunkDelayMs)}\` (${typeof streamChunkDelayMs})`);
   }
   const failuresServed = new Map<string, number>();
+  const rateLimit = opts.rateLimitRpm === undefined ? undefined : new StubRateLimit(opts.rateLimitRpm);
+  const stubStats = { answered: 0, rateLimited: 0 };
 
   async function chat(req: IncomingMessage, res: ServerResponse, body: Buffer): Promise<void> {
     if (opts.requireKey !== undefined && req.headers.authorization !== `Bearer ${opts.requireKey}`) {
@@ -240,6 +247,12 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
         if (err instanceof BodyTooLargeError) return sendJson(res, 413, errorBody('body_too_large', err.message), { connection: 'close' });
         throw err;
       }
+      // Refused before any work, as an inference server's gateway does.
+      const taken = rateLimit?.take(performance.now());
+      if (taken?.ok === false) {
+        stubStats.rateLimited += 1;
+        return sendJson(res, 429, errorBody('rate_limited', `over the stub's limit of ${opts.rateLimitRpm} requests a minute`), { 'retry-after': String(Math.ceil(taken.retryAfterMs / 1000)) });
+      }
       if (delayMs > 0) {
         // The wait ends early when the client goes away, so a closing server leaves no timer behind.
         const gone = new AbortController();
@@ -247,12 +260,14 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
         const waited = await delay(delayMs, true, { signal: gone.signal }).catch(() => false);
         if (!waited) return;
       }
+      stubStats.answered += 1;
       return chat(req, res, body);
     }
     if (pathname === MODELS_PATH && req.method === 'GET') {
       return sendJson(res, 200, { object: 'list', data: [{ id: STUB_MODEL, object: 'model', created: 0, owned_by: 'rollout-fleet' }] });
     }
     if (pathname === STUB_CALLS_PATH && req.method === 'GET') return sendJson(res, 200, { calls: calls(), streams });
+    if (pathname === STUB_STATS_PATH && req.method === 'GET') return sendJson(res, 200, stubStats);
     if (pathname === CHAT_COMPLETIONS_PATH || pathname === MODELS_PATH || pathname === STUB_CALLS_PATH) {
       return sendJson(res, 405, errorBody('method_not_allowed', `${pathname} does not take ${req.method}`));
     }

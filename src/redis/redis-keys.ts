@@ -73,6 +73,28 @@ export const batchSummaryKey = (prefix: string, batchId: string) => `${prefix}:b
 /** Sorted set: every batch id, scored by its creation time, so the dashboard lists batches without a SCAN. */
 export const batchesKey = (prefix: string) => `${prefix}:batches`;
 
+// --- model endpoint limits (fleet-limits.ts) ---
+// One set per model endpoint, named by a short sha256 of its base URL without credentials. Each script
+// that touches them renews their TTL, so a retired endpoint's keys expire by themselves.
+
+/** Sorted set: endpoint id -> when it was last used (Redis time, ms); the dashboard lists endpoints from it. */
+export const modelLimitsIndexKey = (prefix: string) => `${prefix}:model-limits`;
+
+/** Hash: an endpoint's shared limiter state (GCRA arrival time, allowance factor, pause, token allowance, counters, host). */
+export const modelLimitStateKey = (prefix: string, endpointId: string) => `${prefix}:model-limit:${endpointId}:state`;
+
+/** Sorted set: concurrency leases, lease id -> expiry (Redis time, ms); an expired lease is a dead holder's. */
+export const modelLimitLeasesKey = (prefix: string, endpointId: string) => `${prefix}:model-limit:${endpointId}:leases`;
+
+/** Sorted set: waiters in arrival order, waiter id -> first arrival (Redis time, ms), for first-come turns. */
+export const modelLimitQueueKey = (prefix: string, endpointId: string) => `${prefix}:model-limit:${endpointId}:queue`;
+
+/** Sorted set: waiter id -> when it counts as gone unless it asks again (Redis time, ms). */
+export const modelLimitWaitersKey = (prefix: string, endpointId: string) => `${prefix}:model-limit:${endpointId}:waiters`;
+
+/** Hash: second (Redis time, s) -> tokens charged in it, for the tokens of the last minute. */
+export const modelLimitTokensKey = (prefix: string, endpointId: string) => `${prefix}:model-limit:${endpointId}:tokens`;
+
 // --- whole keyspace ---
 
 /** SCAN/KEYS pattern of every key of this fleet, BullMQ's included. */

@@ -37,6 +37,26 @@ describe('config', () => {
     expect(problems[1]).toMatch(/^FLEET_DOCKER_CALL_TIMEOUT_MS: .* \(got "soon"\)$/);
     expect(problems[2]).toMatch(/^LOG_LEVEL: .* \(got "loud"\)$/);
   });
+
+  it('takes the fleet-wide model limits, unset by default, and names a bad one', () => {
+    const unset = loadConfig({});
+    expect([unset.MODEL_MAX_CONCURRENT, unset.MODEL_REQUESTS_PER_MINUTE, unset.MODEL_TOKENS_PER_MINUTE]).toEqual([undefined, undefined, undefined]);
+    const set = loadConfig({ MODEL_MAX_CONCURRENT: '64', MODEL_REQUESTS_PER_MINUTE: '600', MODEL_TOKENS_PER_MINUTE: '2000000' });
+    expect([set.MODEL_MAX_CONCURRENT, set.MODEL_REQUESTS_PER_MINUTE, set.MODEL_TOKENS_PER_MINUTE]).toEqual([64, 600, 2_000_000]);
+    const err = (() => {
+      try {
+        loadConfig({ MODEL_REQUESTS_PER_MINUTE: '0', MODEL_MAX_CONCURRENT: 'many', MODEL_TOKENS_PER_MINUTE: '1.5' });
+      } catch (e) {
+        return e;
+      }
+    })();
+    expect(err).toBeInstanceOf(ConfigError);
+    const problems = (err as ConfigError).problems;
+    expect(problems).toHaveLength(3);
+    expect(problems.find((p) => p.startsWith('MODEL_REQUESTS_PER_MINUTE: '))).toMatch(/\(got "0"\)$/);
+    expect(problems.find((p) => p.startsWith('MODEL_MAX_CONCURRENT: '))).toMatch(/\(got "many"\)$/);
+    expect(problems.find((p) => p.startsWith('MODEL_TOKENS_PER_MINUTE: '))).toMatch(/\(got "1.5"\)$/);
+  });
 });
 
 describe('outcomeOf', () => {
