@@ -26,6 +26,11 @@ export function modelSettings(config: FleetConfig, baseUrl: string): ModelSettin
     maxTokens: config.MODEL_MAX_TOKENS,
     requestTimeoutMs: config.MODEL_REQUEST_TIMEOUT_MS,
     upstreamRetries: config.MODEL_UPSTREAM_RETRIES,
+    limits: {
+      maxConcurrent: config.MODEL_MAX_CONCURRENT,
+      requestsPerMinute: config.MODEL_REQUESTS_PER_MINUTE,
+      tokensPerMinute: config.MODEL_TOKENS_PER_MINUTE,
+    },
   };
 }
 

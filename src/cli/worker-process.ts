@@ -22,6 +22,7 @@ import { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
 import { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
 import { DEFAULT_RETRY_BUDGETS } from '../errors/failure-kind.ts';
 import type { ModelSettings } from '../episode/episode-attempt.ts';
+import { endpointLimiter } from '../model/fleet-limits.ts';
 import { prepareRuntime } from '../runtime/prepare-runtime.ts';
 import { defaultRuntimeInputs, type RuntimeInputs } from '../runtime/runtime-inputs.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
@@ -174,7 +175,8 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     outputCapBytes: opts.outputCapBytes,
     snapshotLimits,
     dataDir: opts.dataDir,
-    model: opts.model,
+    // One limiter per worker and endpoint: its state is in Redis, shared with every other worker.
+    model: opts.model && { ...opts.model, limiter: endpointLimiter(opts.model.baseUrl, opts.model.limits ?? {}, opts.model.requestTimeoutMs, { redis: connection, prefix, log }) },
     checkpoints: { sink: checkpointSink, store: checkpointStore },
     prepareRuntime: prepare,
     async scheduleCleanup(episodeId, containerId) {

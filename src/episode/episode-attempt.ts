@@ -13,6 +13,7 @@ import type { StopReason } from '../errors/episode-stop.ts';
 import type { EvidenceStore } from '../evidence/evidence-store.ts';
 import type { ExtractLimits } from '../evidence/safe-extract.ts';
 import type { EndpointLimiter } from '../model/endpoint-limiter.ts';
+import type { FleetLimits } from '../model/fleet-limits.ts';
 import type { ModelProxy } from '../model/model-proxy.ts';
 import type { RuntimeGeneration } from '../runtime/prepare-runtime.ts';
 import type { ExecResult, SandboxSession } from '../sandbox/sandbox-session.ts';
@@ -53,7 +54,9 @@ export interface ModelSettings {
   maxTokens: number;
   requestTimeoutMs: number;
   upstreamRetries: number;
-  /** The endpoint's fleet-wide limits, shared by every episode of the worker (and, in Redis, of the fleet). */
+  /** The endpoint's fleet-wide limits (MODEL_MAX_CONCURRENT, MODEL_REQUESTS_PER_MINUTE, MODEL_TOKENS_PER_MINUTE). */
+  limits?: FleetLimits;
+  /** Enforces `limits`, shared by every episode of the worker (and, through Redis, of the fleet). */
   limiter?: EndpointLimiter;
 }
 

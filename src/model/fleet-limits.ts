@@ -36,7 +36,6 @@ import { createHash, randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { FleetConfig } from '../config/config.ts';
 import {
   modelLimitLeasesKey,
   modelLimitQueueKey,
@@ -539,12 +538,8 @@ export async function readEndpointLimitMetrics(redis: Redis, prefix: string): Pr
  * MODEL_TOKENS_PER_MINUTE; `UNLIMITED` when none is set (or there is no endpoint). A concurrency slot
  * of a dead holder comes back after MODEL_REQUEST_TIMEOUT_MS + 30 s.
  */
-export function fleetLimiterFromConfig(config: FleetConfig, redis: Redis, prefix: string, log: Logger): EndpointLimiter {
-  const limits: FleetLimits = {
-    maxConcurrent: config.MODEL_MAX_CONCURRENT,
-    requestsPerMinute: config.MODEL_REQUESTS_PER_MINUTE,
-    tokensPerMinute: config.MODEL_TOKENS_PER_MINUTE,
-  };
-  if (config.MODEL_BASE_URL === undefined || Object.values(limits).every((v) => v === undefined)) return UNLIMITED;
-  return createFleetLimiter({ redis, prefix, endpoint: config.MODEL_BASE_URL, limits, log, leaseMs: config.MODEL_REQUEST_TIMEOUT_MS + 30_000 });
+/** The endpoint's limiter: UNLIMITED when no limit is set. A slot's lease outlives the request's deadline by 30 s. */
+export function endpointLimiter(endpoint: string, limits: FleetLimits, requestTimeoutMs: number, deps: { redis: Redis; prefix: string; log: Logger }): EndpointLimiter {
+  if (Object.values(limits).every((v) => v === undefined)) return UNLIMITED;
+  return createFleetLimiter({ ...deps, endpoint, limits, leaseMs: requestTimeoutMs + 30_000 });
 }

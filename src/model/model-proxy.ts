@@ -33,7 +33,7 @@ import { ModelBudget, type ModelBudgetLimits } from './model-budget.ts';
 import { UNLIMITED, type EndpointLimiter } from './endpoint-limiter.ts';
 import { relayStream, type RelayResult } from './stream-relay.ts';
 import { extractTokens, withCaptureFields } from './token-capture.ts';
-import { DEFAULT_RETRY, callUpstream, type RetryPolicy, type UpstreamResult } from './upstream.ts';
+import { DEFAULT_RETRY, callUpstream, release, type RetryPolicy, type UpstreamResult } from './upstream.ts';
 
 /** File name of the call evidence in an episode attempt's evidence folder. */
 export const MODEL_CALLS_FILE = 'model-calls.jsonl';
@@ -315,7 +315,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
         closing.signal.removeEventListener('abort', abortCall);
       }
       const tokens = usedTokens(relay.completion) ?? estimateTokens(upstreamBody!.toString('utf8')) + estimateTokens(JSON.stringify(relay.completion.choices ?? []));
-      await result.permit.release({ status: result.status, tokens });
+      release(result.permit, { status: result.status, tokens });
       record.response = relay.completion;
       record.stream = { events: relay.events, bytes: relay.bytes, ...(relay.firstEventMs !== undefined && { firstEventMs: relay.firstEventMs }) };
       const captured = extractTokens(relay.completion);
@@ -336,7 +336,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
     const answer = parseJsonObject(result.body);
     record.response = answer ?? result.body.toString('utf8');
     const tokens = answer !== undefined ? (usedTokens(answer) ?? 0) : 0;
-    await result.permit.release({ status: result.status, tokens });
+    release(result.permit, { status: result.status, tokens });
     const captured = answer !== undefined ? extractTokens(answer) : undefined;
     if (captured !== undefined) record.capture = captured;
     if (ticket !== undefined) {

@@ -3,7 +3,7 @@
 import http, { type IncomingMessage } from 'node:http';
 import https from 'node:https';
 import { setTimeout as delay } from 'node:timers/promises';
-import { RateLimitWaitAborted, UNLIMITED, type EndpointLimiter, type EndpointPermit } from './endpoint-limiter.ts';
+import { RateLimitWaitAborted, UNLIMITED, type AttemptOutcome, type EndpointLimiter, type EndpointPermit } from './endpoint-limiter.ts';
 
 export interface RetryPolicy {
   /** Further attempts after the first. @default 3 */
@@ -120,6 +120,11 @@ function attemptOnce(url: URL, req: UpstreamRequest, opts: UpstreamOptions): Pro
   });
 }
 
+/** Report an attempt to the limits without waiting: a slow Redis must not hold the answer (a lease expires by itself). */
+export function release(permit: EndpointPermit, outcome: AttemptOutcome): void {
+  permit.release(outcome).catch(() => undefined);
+}
+
 const describe = (err: unknown): string => {
   const e = err as NodeJS.ErrnoException;
   return e.code !== undefined ? `${e.code}: ${e.message}` : String(e.message ?? err);
@@ -143,8 +148,10 @@ export async function callUpstream(base: URL, req: UpstreamRequest, opts: Upstre
       permit = await limiter.acquire(AbortSignal.any([opts.signal, AbortSignal.timeout(opts.timeoutMs)]));
     } catch (err) {
       opts.signal.throwIfAborted();
-      if (!(err instanceof RateLimitWaitAborted)) throw err;
-      return { ok: false, rateLimited: true, message: err.message, attempts, ...(lastStatus !== undefined ? { lastStatus } : {}) };
+      // No turn in time, or the limits' Redis failing: the call is not sent (the endpoint is not
+      // hammered unmetered); the agent gets 429 and may try again.
+      const message = err instanceof RateLimitWaitAborted ? err.message : `the fleet-wide limits of the model endpoint are unavailable: ${describe(err)}`;
+      return { ok: false, rateLimited: true, message, attempts, ...(lastStatus !== undefined ? { lastStatus } : {}) };
     }
     const started = performance.now();
     const waitedMs = Math.round(started - waitStarted);
@@ -157,12 +164,12 @@ export async function callUpstream(base: URL, req: UpstreamRequest, opts: Upstre
         const answered = { ok: true as const, status: answer.status, contentType: answer.contentType, attempts, permit };
         return answer.stream !== undefined ? { ...answered, stream: answer.stream } : { ...answered, body: answer.body ?? Buffer.alloc(0) };
       }
-      await permit.release({ status: answer.status, retryAfterMs: answer.retryAfterMs });
+      release(permit, { status: answer.status, retryAfterMs: answer.retryAfterMs });
       lastStatus = answer.status;
       lastMessage = `upstream answered ${answer.status}`;
       waitHintMs = answer.retryAfterMs;
     } catch (err) {
-      await permit.release({});
+      release(permit, {});
       opts.signal.throwIfAborted();
       attempts.push({ error: describe(err), durationMs: Math.round(performance.now() - started), ...(waitedMs > 0 && { waitedMs }) });
       lastMessage = describe(err);

@@ -8,7 +8,8 @@ import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createFleetMetrics } from '../../src/dashboard/fleet-metrics.ts';
 import { RateLimitWaitAborted, UNLIMITED, type EndpointPermit } from '../../src/model/endpoint-limiter.ts';
-import { createFleetLimiter, endpointIdentity, fleetLimiterFromConfig, readEndpointLimitMetrics, type FleetLimiter, type FleetLimiterOptions } from '../../src/model/fleet-limits.ts';
+import { modelSettings } from '../../src/cli/worker-command.ts';
+import { createFleetLimiter, endpointIdentity, endpointLimiter, readEndpointLimitMetrics, type FleetLimiter, type FleetLimiterOptions } from '../../src/model/fleet-limits.ts';
 import { STUB_STATS_PATH, startModelStub } from '../../src/model/model-stub.ts';
 import { loadConfig } from '../../src/config/config.ts';
 import { fleetKeyPattern } from '../../src/redis/redis-keys.ts';
@@ -282,7 +283,11 @@ describe('fleet-wide model endpoint limits', () => {
     expect(JSON.stringify(await Promise.all(limitKeys.map((k) => env.client.type(k).then(async (t) => (t === 'hash' ? env.client.hgetall(k) : env.client.zrange(k, 0, -1))))))).not.toMatch(/secret/);
 
     const base = { REDIS_URL: env.redis.url, MODEL_BASE_URL: 'http://127.0.0.1:1/v1' };
-    expect(fleetLimiterFromConfig(loadConfig(base), env.client, env.prefix, silentLog)).toBe(UNLIMITED);
-    expect(fleetLimiterFromConfig(loadConfig({ ...base, MODEL_REQUESTS_PER_MINUTE: '60' }), env.client, env.prefix, silentLog)).not.toBe(UNLIMITED);
+    const limiterOf = (vars: Record<string, string>) => {
+      const settings = modelSettings(loadConfig(vars), base.MODEL_BASE_URL);
+      return endpointLimiter(settings.baseUrl, settings.limits ?? {}, settings.requestTimeoutMs, { redis: env.client, prefix: env.prefix, log: silentLog });
+    };
+    expect(limiterOf(base)).toBe(UNLIMITED);
+    expect(limiterOf({ ...base, MODEL_REQUESTS_PER_MINUTE: '60' })).not.toBe(UNLIMITED);
   });
 });
