@@ -5,7 +5,7 @@
 // goes away mid-stream. Between the proxy and the scripted model stub sits a recorder written here:
 // it shows exactly what reached the upstream, and can cut or refuse connections.
 import { once } from 'node:events';
-import { readFile, readdir } from 'node:fs/promises';
+import { readFile, readdir, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
@@ -25,6 +25,7 @@ const AGENTS = path.join(ROOT, 'test/fixtures/hostile-agents');
 
 /** One line of model-calls.jsonl, as far as these tests look. */
 interface CallLine {
+  path?: string;
   outcome: 'answered' | 'refused' | 'upstream_failed' | 'aborted';
   status?: number;
   error?: { type?: string; message?: string };
@@ -86,8 +87,10 @@ async function startRecorder(initialTarget: string) {
     setTarget(url: string) {
       target = new URL(url);
     },
+    /** `refuse` also resets the connections already open (kept alive by the proxies): the upstream is gone. */
     setMode(m: typeof mode) {
       mode = m;
+      if (m.kind === 'refuse') for (const s of sockets) s.resetAndDestroy();
     },
     async close() {
       for (const s of sockets) s.destroy();
@@ -195,6 +198,8 @@ describe('model gateway: hostile agents, careless users, failing machines', () =
     const stdout = await evidence(result!.episodeId, 'agent.stdout.txt').catch(() => '');
     const line = /^REPORT (.*)$/m.exec(stdout);
     const report = line ? (JSON.parse(line[1]!) as Record<string, any>) : {};
+    // HOSTILE_DUMP=<folder>: keep each run (result, report, model calls) there, to read after a failure.
+    if (process.env.HOSTILE_DUMP) await writeFile(path.join(process.env.HOSTILE_DUMP, `${name}.json`), JSON.stringify({ result, report, calls: await callsOf(result!.episodeId).catch(() => []) }, null, 1));
     await waitForNoContainers(plan.batchId, 60_000);
     return { result: result!, stdout, report, ms };
   }
@@ -204,6 +209,7 @@ describe('model gateway: hostile agents, careless users, failing machines', () =
     expect([r.result.status, r.result.reward], `${JSON.stringify(r.result)}\n${r.stdout.slice(0, 4000)}`).toEqual(['passed', 1]);
   }
 
+  const isChat = (c: CallLine) => c.path === '/v1/chat/completions';
   const isRefusal = (statuses: number[]) => statuses.every((s) => s >= 400 && s < 500);
 
   it('slowloris, garbage, other protocols and a 100 MB header: the model still answers, the worker runs the next episode', async () => {
@@ -218,7 +224,7 @@ describe('model gateway: hostile agents, careless users, failing machines', () =
     // With 400 idle connections still open, the agent's own calls are answered.
     expect([r.models, r.chat], JSON.stringify(r)).toEqual([200, 200]);
     const calls = await callsOf(flood.result.episodeId);
-    expect(calls.filter((c) => c.outcome === 'answered')).toHaveLength(1);
+    expect(calls.filter(isChat).filter((c) => c.outcome === 'answered')).toHaveLength(1);
 
     // The same worker, straight after: an ordinary episode runs normally.
     const next = await run('hostile-after-flood', 'probe.mjs');
@@ -235,8 +241,8 @@ describe('model gateway: hostile agents, careless users, failing machines', () =
     expect(hang.result.agent?.timedOut, JSON.stringify(hang.result)).toBe(true);
     expect(hang.result.timings.totalMs, JSON.stringify(hang.result)).toBeLessThanOrEqual(60_000);
     expect(hang.ms).toBeLessThan(90_000);
-    // Both calls recorded: the answered one, and the stream nobody read, whatever became of it.
-    const calls = await callsOf(hang.result.episodeId);
+    // Both chat calls recorded: the answered one, and the stream nobody read, whatever became of it.
+    const calls = (await callsOf(hang.result.episodeId)).filter(isChat);
     expect(calls.length, JSON.stringify(calls)).toBe(2);
     expect(calls.filter((c) => c.request?.stream)).toHaveLength(1);
     const next = await run('hostile-after-hang', 'probe.mjs');
@@ -295,8 +301,36 @@ describe('model gateway: hostile agents, careless users, failing machines', () =
     }
     expect(answeredByAgent, JSON.stringify(rep.direct)).toBeLessThanOrEqual(maxCalls);
     const calls = await callsOf(r.result.episodeId);
-    expect(calls.filter((c) => c.outcome === 'answered').length, JSON.stringify(calls.map((c) => c.outcome))).toBeLessThanOrEqual(maxCalls);
+    expect(calls.filter(isChat).filter((c) => c.outcome === 'answered').length, JSON.stringify(calls.map((c) => [c.path, c.outcome]))).toBeLessThanOrEqual(maxCalls);
     expect(JSON.stringify(calls)).not.toContain(API_KEY);
+  });
+
+  it('an agent that kills the forwarder and carries on: its own exit code is what the result reports', async () => {
+    await useWorker({ maxCalls: 20 });
+    const r = await run('hostile-killfwd', 'killfwd.mjs', { config: { exitCode: 3 } });
+    expect(r.report, r.stdout).toMatchObject({ stillAlive: true });
+    expect(r.report.killed.length, r.stdout).toBe(1);
+    expect(r.result.agent?.exitCode, JSON.stringify(r.result)).toBe(3);
+    expectGraded(r);
+  });
+
+  it('parallel calls past the token budget: the tokens answered exceed it by at most one call', async () => {
+    // One call of the scripted policy costs about 52 tokens: the budget holds two of them.
+    const maxTokens = 110;
+    recorder.setTarget(slowStub.baseUrl!);
+    try {
+      await useWorker({ maxCalls: 100, maxTokens });
+      const r = await run('hostile-tokens', 'tokens.mjs', { config: { parallel: 20 } });
+      expectGraded(r);
+      const tokens = r.report.tokens as number[];
+      expect(tokens.length, JSON.stringify(r.report)).toBeGreaterThan(0);
+      const perCall = Math.max(...tokens);
+      const answered = (await callsOf(r.result.episodeId)).filter(isChat).filter((c) => c.outcome === 'answered') as (CallLine & { tokens?: number })[];
+      const used = answered.reduce((sum, c) => sum + (c.tokens ?? 0), 0);
+      expect(used, `${answered.length} calls answered, ${used} tokens against a budget of ${maxTokens}: ${JSON.stringify(r.report.statuses)}`).toBeLessThanOrEqual(maxTokens + perCall);
+    } finally {
+      recorder.setTarget(stub.baseUrl!);
+    }
   });
 
   it('parallel streams past the call budget, some read with long pauses: answered calls never exceed it, every call is recorded', async () => {
