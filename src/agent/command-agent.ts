@@ -1,7 +1,7 @@
 // Runs one shell command in the sandbox as the agent: handy for baselines, smoke tests, tasks whose
 // "agent" is a script, and agents people bring (a Python loop, a coding CLI). When the episode has a
-// model proxy, the command runs behind the model forwarder: any OpenAI-compatible client inside finds
-// the model at OPENAI_BASE_URL (a loopback address) with a placeholder key; the real key stays outside.
+// model proxy, the model forwarder is started beside it first: any OpenAI-compatible client inside
+// finds the model at OPENAI_BASE_URL (a loopback address) with a placeholder key; the real key stays outside.
 import { shellQuote } from '../files/shell-quote.ts';
 import type { TaskSpec } from '../tasks/task-spec.ts';
 import type { Agent, AgentContext, AgentRun } from './agent-context.ts';
@@ -9,6 +9,9 @@ import { MODEL_FORWARDER_PATH } from './sandbox-programs.ts';
 
 /** The loopback port of the model inside every sandbox (each sandbox has its own network namespace). */
 export const SANDBOX_MODEL_PORT = 8377;
+/** The model forwarder gets this long to listen (node's start on a loaded host). */
+const FORWARDER_READY_MS = 15_000;
+
 /** What OPENAI_API_KEY holds inside a sandbox: clients insist on one; it opens nothing. */
 export const SANDBOX_API_KEY = 'sk-rollout-fleet-placeholder';
 
@@ -28,13 +31,17 @@ export class CommandAgent implements Agent {
   async run(ctx: AgentContext): Promise<AgentRun> {
     const { modelSocket, runtimeMountPath } = ctx;
     const gateway = modelSocket !== undefined && runtimeMountPath !== undefined;
-    const command = gateway
-      ? `exec ${runtimeMountPath}/bin/node ${runtimeMountPath}/${MODEL_FORWARDER_PATH} ${shellQuote(modelSocket)} ${SANDBOX_MODEL_PORT}`
-      : this.command;
-    return ctx.session.exec(command, {
+    if (gateway) {
+      // Ready before the agent starts, so its first call finds the port open.
+      await ctx.session.startBackground(
+        `exec ${runtimeMountPath}/bin/node ${runtimeMountPath}/${MODEL_FORWARDER_PATH} ${shellQuote(modelSocket)} ${SANDBOX_MODEL_PORT}`,
+        { timeoutMs: FORWARDER_READY_MS, signal: ctx.signal },
+      );
+    }
+    return ctx.session.exec(this.command, {
       timeoutMs: ctx.ceilingMs,
       capBytes: ctx.outputCapBytes,
-      env: { ...agentEnv(ctx.task), ...(gateway && { ...modelEnv(), ROLLOUT_AGENT_COMMAND: this.command }) },
+      env: { ...agentEnv(ctx.task), ...(gateway && modelEnv()) },
       signal: ctx.signal,
     });
   }

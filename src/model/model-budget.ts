@@ -1,6 +1,6 @@
 // The per-episode model budget: calls and tokens. A call is admitted only while both have room; its
-// max_tokens (if any) is reserved while it is in flight, so parallel calls cannot overrun the budget
-// together. Tokens are charged from the response's usage when it comes back.
+// prompt and max_tokens (or a default output reserve) are reserved while it is in flight, so parallel
+// calls cannot overrun the budget together. Tokens are charged from the response's usage when it comes back.
 
 /** Limits of one episode's model use. */
 export interface ModelBudgetLimits {
@@ -25,6 +25,9 @@ export interface BudgetTicket {
 
 export type Admission = { ok: true; ticket: BudgetTicket } | { ok: false; refusal: BudgetRefusal };
 
+/** Output tokens reserved for a call that names no max_tokens (it could use as many as the model allows). */
+export const UNBOUNDED_OUTPUT_RESERVE = 4_096;
+
 export class ModelBudget {
   private answeredCalls = 0;
   private usedTokens = 0;
@@ -48,8 +51,13 @@ export class ModelBudget {
     return this.usedTokens;
   }
 
-  /** Admit a call that asks for at most `maxTokens` output tokens (undefined: it does not say). */
-  admit(maxTokens: number | undefined): Admission {
+  /**
+   * Admit a call that asks for at most `maxTokens` output tokens (undefined: it does not say) with a
+   * prompt of about `promptTokens`. While in flight it reserves its prompt and its output (a call that
+   * names no max_tokens reserves UNBOUNDED_OUTPUT_RESERVE), at most what is left: so calls sent at once
+   * can overrun the budget by at most one call's worth, however many there are.
+   */
+  admit(maxTokens: number | undefined, promptTokens = 0): Admission {
     const { maxCalls, maxTokens: tokenLimit } = this.limits;
     const calls = this.answeredCalls + this.inFlight;
     if (calls >= maxCalls) {
@@ -57,8 +65,9 @@ export class ModelBudget {
     }
     const committed = this.usedTokens + this.reserved;
     const remaining = tokenLimit - committed;
+    const inFlight = this.reserved > 0 ? `, ${this.reserved} of them reserved by calls in flight` : '';
     if (remaining <= 0) {
-      return { ok: false, refusal: { budget: 'tokens', limit: tokenLimit, used: committed, message: `token budget used up: ${committed} of ${tokenLimit} tokens` } };
+      return { ok: false, refusal: { budget: 'tokens', limit: tokenLimit, used: committed, message: `token budget used up: ${committed} of ${tokenLimit} tokens${inFlight}` } };
     }
     if (maxTokens !== undefined && maxTokens > remaining) {
       return {
@@ -67,11 +76,11 @@ export class ModelBudget {
           budget: 'tokens',
           limit: tokenLimit,
           used: committed,
-          message: `max_tokens ${maxTokens} exceeds the remaining token budget of ${remaining} (${committed} of ${tokenLimit} used)`,
+          message: `max_tokens ${maxTokens} exceeds the remaining token budget of ${remaining} (${committed} of ${tokenLimit} used${inFlight})`,
         },
       };
     }
-    const ticket: BudgetTicket = { reservedTokens: maxTokens ?? 0, settled: false };
+    const ticket: BudgetTicket = { reservedTokens: Math.min(remaining, promptTokens + (maxTokens ?? UNBOUNDED_OUTPUT_RESERVE)), settled: false };
     this.inFlight += 1;
     this.reserved += ticket.reservedTokens;
     return { ok: true, ticket };

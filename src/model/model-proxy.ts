@@ -4,7 +4,7 @@
 // limits, retries transient upstream failures, relays streamed answers event by event, and records
 // every call (a stream reassembled, token ids and logprobs when the endpoint gave them) as evidence
 // outside the sandbox.
-import { once } from 'node:events';
+import { once, setMaxListeners } from 'node:events';
 import { chmod, chown, lstat, mkdir, rm } from 'node:fs/promises';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import net from 'node:net';
@@ -158,6 +158,8 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   const evidence = await CallEvidence.open(opts.evidenceFile, [opts.apiKey]);
 
   const closing = new AbortController();
+  // Every call in flight listens to it (as many as the agent sends at once).
+  setMaxListeners(0, closing.signal);
   const inFlight = new Set<Promise<void>>();
   let seq = 0;
   let refused = 0;
@@ -256,7 +258,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
     }
 
     // Only chat calls spend the budget; listing models is free.
-    const admission = route === 'POST' ? budget.admit(maxTokens) : undefined;
+    const admission = route === 'POST' ? budget.admit(maxTokens, estimateTokens(upstreamBody!.toString('utf8'))) : undefined;
     if (admission !== undefined && !admission.ok) {
       const { budget: which, limit, used, message } = admission.refusal;
       return refuse(429, 'budget_exceeded', message, { budget: which, limit, used });

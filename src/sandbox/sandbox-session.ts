@@ -6,6 +6,7 @@ import { randomBytes } from 'node:crypto';
 import { Writable, type Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
+import { untilAborted } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { isImageReference, type Limits } from '../tasks/task-spec.ts';
 import { OutputCapture, type CapturedOutput } from './captured-output.ts';
@@ -278,23 +279,7 @@ export class SandboxSession {
    */
   async exec(command: string, opts: ExecOptions): Promise<ExecResult> {
     const started = performance.now();
-    const call = { timeoutMs: this.deps.callTimeoutMs, signal: opts.signal };
-    const exec = await dockerCall('create exec', call, (abortSignal) =>
-      this.container.exec({
-        Cmd: ['sh', '-c', command],
-        AttachStdout: true,
-        AttachStderr: true,
-        AttachStdin: false,
-        Tty: false,
-        User: SANDBOX_USER_SPEC,
-        WorkingDir: opts.workdir ?? this.spec.workdir,
-        Env: Object.entries(opts.env ?? {}).map(([k, v]) => `${k}=${v}`),
-        abortSignal,
-      } as Docker.ExecCreateOptions & { abortSignal: AbortSignal }),
-    );
-    const stream = (await dockerCall('start exec', call, (abortSignal) =>
-      exec.start({ hijack: true, stdin: false, abortSignal } as Docker.ExecStartOptions),
-    )) as NodeJS.ReadWriteStream & Readable;
+    const { exec, stream } = await this.startExec(command, opts);
     const stdout = new OutputCapture(opts.capBytes);
     const stderr = new OutputCapture(opts.capBytes);
     const onStdout = opts.onStdout;
@@ -341,6 +326,63 @@ export class SandboxSession {
       stderr: stderr.result(),
       durationMs: Math.round(performance.now() - started),
     };
+  }
+
+  /** Create and start `sh -c command` as SANDBOX_USER, attached to its stdout and stderr. */
+  private async startExec(command: string, opts: { workdir?: string | undefined; env?: Record<string, string> | undefined; signal?: AbortSignal | undefined }) {
+    const call = { timeoutMs: this.deps.callTimeoutMs, signal: opts.signal };
+    const exec = await dockerCall('create exec', call, (abortSignal) =>
+      this.container.exec({
+        Cmd: ['sh', '-c', command],
+        AttachStdout: true,
+        AttachStderr: true,
+        AttachStdin: false,
+        Tty: false,
+        User: SANDBOX_USER_SPEC,
+        WorkingDir: opts.workdir ?? this.spec.workdir,
+        Env: Object.entries(opts.env ?? {}).map(([k, v]) => `${k}=${v}`),
+        abortSignal,
+      } as Docker.ExecCreateOptions & { abortSignal: AbortSignal }),
+    );
+    const stream = (await dockerCall('start exec', call, (abortSignal) =>
+      exec.start({ hijack: true, stdin: false, abortSignal } as Docker.ExecStartOptions),
+    )) as NodeJS.ReadWriteStream & Readable;
+    return { exec, stream };
+  }
+
+  /**
+   * Start `sh -c command` as SANDBOX_USER in the background (a helper the agent uses, such as the
+   * model forwarder) and return once it prints its first line on stdout (it is ready). It is not the
+   * agent's process, so the agent's exit code stays its own; it stops with the sandbox user's other
+   * processes. Rejects, with what it wrote on stderr, when it exits first or is not ready in `timeoutMs`.
+   */
+  async startBackground(command: string, opts: { timeoutMs: number; env?: Record<string, string>; signal?: AbortSignal }): Promise<void> {
+    const { stream } = await this.startExec(command, opts);
+    const stdout = new OutputCapture(1024);
+    const stderr = new OutputCapture(4096);
+    const ready = new Promise<boolean>((resolve) => {
+      const check = new Writable({
+        write(chunk: Buffer, _enc, cb) {
+          if (chunk.includes(0x0a)) resolve(true);
+          stdout.writable.write(chunk, cb);
+        },
+      });
+      this.deps.docker.modem.demuxStream(stream, check, stderr.writable);
+      stream.once('end', () => resolve(false));
+      stream.once('close', () => resolve(false));
+      stream.once('error', () => resolve(false));
+    });
+    const limit = AbortSignal.any([AbortSignal.timeout(opts.timeoutMs), ...(opts.signal ? [opts.signal] : [])]);
+    try {
+      const started = await untilAborted(ready, limit).catch(() => undefined);
+      if (started === true) return;
+      const why = started === false ? 'exited before it was ready' : `was not ready within ${opts.timeoutMs} ms`;
+      const said = stderr.result().text.trim();
+      throw new FleetError('runtime_unavailable', `background process ${why}${said !== '' ? `: ${said.slice(0, 500)}` : ''}`);
+    } finally {
+      // Detached from here: it keeps running, and the engine's copy of its output goes nowhere.
+      stream.destroy();
+    }
   }
 
   /** TERM every process of the sandbox user, then KILL what is left after a grace period. */
