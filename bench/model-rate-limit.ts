@@ -4,7 +4,7 @@
 // "wait for a turn, call the stub over HTTP, report the outcome". Prints the throughput as a share of
 // N (overall, and of the turns granted after a warm-up), the 429 share (overall and after the first adaptation, i.e. of the
 // calls that started after the first 429 was reported) and the wait for a turn (p50, p99). Figures,
-// not pass/fail. The limiter alone: a later version drives real workers and their model proxies.
+// not pass/fail. The limiter alone; bench/model-rate-limit-fleet.ts drives real workers and their proxies.
 // Run: npx tsx bench/model-rate-limit.ts [--rpm 1200] [--limiter-rpm N] [--seconds 20] [--warm-up 5] [--processes 3]
 //      [--concurrency 4] [--delay-ms 0]
 import { spawn } from 'node:child_process';

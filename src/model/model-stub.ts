@@ -266,8 +266,8 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
     if (pathname === MODELS_PATH && req.method === 'GET') {
       return sendJson(res, 200, { object: 'list', data: [{ id: STUB_MODEL, object: 'model', created: 0, owned_by: 'rollout-fleet' }] });
     }
-    if (pathname === STUB_CALLS_PATH && req.method === 'GET') return sendJson(res, 200, { calls: calls(), streams });
-    if (pathname === STUB_STATS_PATH && req.method === 'GET') return sendJson(res, 200, stubStats);
+    if (pathname === STUB_CALLS_PATH && req.method === 'GET') return sendJson(res, 200, { calls: calls() });
+    if (pathname === STUB_STATS_PATH && req.method === 'GET') return sendJson(res, 200, { ...stubStats, streams });
     if (pathname === CHAT_COMPLETIONS_PATH || pathname === MODELS_PATH || pathname === STUB_CALLS_PATH) {
       return sendJson(res, 405, errorBody('method_not_allowed', `${pathname} does not take ${req.method}`));
     }
