@@ -21,8 +21,11 @@ export const CheckpointJob = z.strictObject({
 export type CheckpointJob = z.infer<typeof CheckpointJob>;
 
 export const CheckpointResult = z.object({
-  /** written: now on disk; already-written: that seq was on disk; superseded: `keep` newer ones were. */
-  outcome: z.enum(['written', 'already-written', 'superseded']),
+  /**
+   * written: now durable; already-written: that seq was; superseded: `keep` newer ones were; fenced:
+   * the episode already had its result (nothing is kept, a write that raced the result is removed again).
+   */
+  outcome: z.enum(['written', 'already-written', 'superseded', 'fenced']),
   /** The seq latest.json points at afterwards. */
   latest: z.number().int(),
   /** The checkpoint's folder (unless superseded). */

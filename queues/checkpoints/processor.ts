@@ -5,14 +5,14 @@ import type { Job } from 'bullmq';
 import { UnrecoverableError } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { CheckpointStore } from '../../src/checkpoints/checkpoint-store.ts';
+import type { CheckpointStorage } from '../../src/checkpoints/checkpoint-storage.ts';
 import { InvalidStagedCheckpoint, loadStaged } from '../../src/checkpoints/checkpoint-staging.ts';
 import { describeIssues } from '../../src/config/zod-issues.ts';
-import { checkpointStagedKeyPrefix } from '../../src/redis/redis-keys.ts';
+import { checkpointFenceKey, checkpointStagedKeyPrefix } from '../../src/redis/redis-keys.ts';
 import { CheckpointJob, type CheckpointResult } from './contract.ts';
 
 export interface CheckpointProcessorDeps {
-  store: CheckpointStore;
+  store: CheckpointStorage;
   /** Where the stages are (the fleet's Redis). */
   redis: Redis;
   prefix: string;
@@ -47,10 +47,22 @@ export function checkpointProcessor(deps: CheckpointProcessorDeps) {
     if (staged.checkpoint.episodeId !== episodeId || staged.checkpoint.seq !== seq) {
       throw new UnrecoverableError(`staged checkpoint ${stagedKey} is ${staged.checkpoint.episodeId} seq ${staged.checkpoint.seq}, the job says ${episodeId} seq ${seq}`);
     }
+    // The episode has its result: its checkpoints are removed, and stay removed (the fence), however late this job runs.
+    const fence = checkpointFenceKey(prefix, episodeId);
+    if (await redis.exists(fence)) {
+      await redis.del(stagedKey);
+      return { outcome: 'fenced', latest: -1, durableAt: new Date().toISOString() };
+    }
     const t0 = performance.now();
     const result = await store.write(staged.checkpoint, staged.workspace);
     const durableAt = new Date();
     await redis.del(stagedKey);
+    if (await redis.exists(fence)) {
+      // The result came while this was written, and its removal may have run before the write: remove again.
+      await store.remove(episodeId);
+      log.info('checkpoint written as the episode got its result: removed again');
+      return { outcome: 'fenced', latest: -1, durableAt: durableAt.toISOString() };
+    }
     log.debug({
       outcome: result.outcome,
       latest: result.latest,

@@ -2,7 +2,6 @@
 // result exactly once. A retryable failure within its kind's budget is thrown so BullMQ retries it with
 // backoff; a drained attempt goes back to the queue at once; every other outcome (passed, failed,
 // timeout, cancelled, a final error) completes the job with its result.
-import { rm } from 'node:fs/promises';
 import { WaitingError, type Job } from 'bullmq';
 import { describeIssues } from '../../src/config/zod-issues.ts';
 import type { FailureKind } from '../../src/errors/failure-kind.ts';
@@ -13,7 +12,7 @@ import type { EpisodeDeps } from '../../src/episode/episode-attempt.ts';
 import { runEpisode } from '../../src/episode/run-episode.ts';
 import { Deadline, PhaseTimeout } from '../../src/deadlines/deadline.ts';
 import { stopOf } from '../../src/errors/episode-stop.ts';
-import { episodeFailuresKey as failuresKey, episodeStartsKey as startsKey } from '../../src/redis/redis-keys.ts';
+import { checkpointFenceKey, episodeFailuresKey as failuresKey, episodeStartsKey as startsKey } from '../../src/redis/redis-keys.ts';
 import { resetRetryCounts } from '../../src/episode/retry-counts.ts';
 import type { ResultsStore } from '../../src/results/results-store.ts';
 import { EpisodeJob, type EpisodeResult } from './contract.ts';
@@ -46,8 +45,10 @@ async function recordFinal(deps: EpisodeProcessorDeps, result: EpisodeResult): P
   if (!(await deps.results.record(result))) deps.log.warn({ episodeId }, 'episode already had a result; this one is not recorded');
   await resetRetryCounts(deps.redis, deps.prefix, episodeId);
   await deps.control.end(episodeId);
-  // The episode is over: its checkpoints served their purpose (a requeue by kind starts afresh).
-  await rm(deps.checkpoints.store.folder(episodeId), { recursive: true, force: true }).catch(() => undefined);
+  // The episode is over: its checkpoints served their purpose (a requeue by kind starts afresh). The
+  // fence first, so a writer that is late (a slow queue, another host) removes what it writes after.
+  await deps.redis.set(checkpointFenceKey(deps.prefix, episodeId), '1', 'EX', KEEP_SEC + 24 * 3600);
+  await deps.checkpoints.store.remove(episodeId).catch((err: unknown) => deps.log.warn({ episodeId, err: String(err) }, 'checkpoints not removed'));
   return result;
 }
 

@@ -11,10 +11,10 @@ import { createReadStream } from 'node:fs';
 import { mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import type { Readable } from 'node:stream';
 import { z } from 'zod';
 import { createDurable, fillAndSync, fsyncDir } from '../files/atomic-write.ts';
 import { CHECKPOINT_JSON, Checkpoint, SEQ_FOLDER, WORKSPACE_TAR, seqFolderName } from './checkpoint.ts';
+import type { CheckpointStorage, CheckpointWriteResult, StoredCheckpoint } from './checkpoint-storage.ts';
 import { processEpisodeLock, type EpisodeLock, type ReleaseLock } from './episode-lock.ts';
 
 const LATEST_JSON = 'latest.json';
@@ -35,28 +35,7 @@ export interface CheckpointStoreOptions {
   staleTempMs?: number;
 }
 
-export interface StoredWorkspaceTar {
-  path: string;
-  bytes: number;
-  /** A fresh stream of the tar (entries prefixed with the workdir's base name). */
-  open(): Readable;
-}
-
-export interface StoredCheckpoint {
-  seq: number;
-  dir: string;
-  checkpoint: Checkpoint;
-  /** Absent when the checkpoint did not capture the workspace (`checkpoint.workspace.reason` says why). */
-  workspaceTar?: StoredWorkspaceTar;
-}
-
-export interface CheckpointWriteResult {
-  /** written: now on disk; already-written: it was; superseded: `keep` newer ones were, nothing written. */
-  outcome: 'written' | 'already-written' | 'superseded';
-  /** The seq latest.json points at afterwards (-1: none yet). */
-  latest: number;
-  dir?: string;
-}
+export type { CheckpointWriteResult, StoredCheckpoint, StoredWorkspaceTar } from './checkpoint-storage.ts';
 
 const isMissing = (err: unknown) => (err as NodeJS.ErrnoException).code === 'ENOENT';
 
@@ -83,7 +62,7 @@ function processAlive(pid: number): boolean {
   }
 }
 
-export class CheckpointStore {
+export class CheckpointStore implements CheckpointStorage {
   readonly keep: number;
   private readonly lock: EpisodeLock;
   private readonly staleTempMs: number;
@@ -175,6 +154,13 @@ export class CheckpointStore {
     const tarPath = path.join(dir, WORKSPACE_TAR);
     const bytes = checkpoint.workspace.bytes;
     return { seq, dir, checkpoint, workspaceTar: { path: tarPath, bytes, open: () => createReadStream(tarPath) } };
+  }
+
+  /** Remove the episode's folder (the episode is over). */
+  async remove(episodeId: string): Promise<void> {
+    const dir = this.folder(episodeId);
+    this.known.delete(dir);
+    await rm(dir, { recursive: true, force: true });
   }
 
   /** The seqs on disk, ascending. */

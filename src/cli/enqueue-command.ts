@@ -28,7 +28,7 @@ export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> 
   let queue: ReturnType<typeof episodesQueue> | undefined;
   try {
     const results = new ResultsStore(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR);
-    const plan = await enqueueBatch(loaded, { flows, redis, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker) });
+    const plan = await enqueueBatch(loaded, { flows, redis, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker, { redis, prefix: config.FLEET_PREFIX }) });
     if (!plan.added) process.stderr.write(`batch ${plan.batchId} was enqueued before; nothing added\n`);
     if (!values.wait) {
       process.stdout.write(values.json ? `${JSON.stringify({ batchId: plan.batchId, episodes: plan.jobs.length, added: plan.added })}\n` : `${plan.batchId}\n`);

@@ -8,6 +8,7 @@ import { CLEANUP_QUEUE } from '../../queues/cleanup/contract.ts';
 import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
 import { dockerStatusOf, type Docker } from '../sandbox/docker-client.ts';
 import { isImageReference } from '../tasks/task-spec.ts';
+import { imageOnSomeHost, readHostFacts, type WorkerFacts } from '../worker/host-facts.ts';
 
 export function episodesQueue(redis: Redis, prefix: string): Queue {
   return new Queue(EPISODES_QUEUE, { connection: redis, prefix });
@@ -31,9 +32,16 @@ export function flowProducer(redis: Redis, prefix: string): FlowProducer {
  * not an image reference never reaches the engine (it would be a path of the request), and a 400 for
  * one that is means the engine cannot have it either.
  */
-export function imageChecker(docker: Docker) {
+export function imageChecker(docker: Docker, fleet?: { redis: Redis; prefix: string }) {
+  let facts: Promise<WorkerFacts[]> | undefined;
   return async (image: string): Promise<boolean | undefined> => {
     if (!isImageReference(image)) return false;
+    // Live workers report their engines' images: a task runs only where its image is.
+    if (fleet !== undefined) {
+      facts ??= readHostFacts(fleet.redis, fleet.prefix).catch(() => []);
+      const onSomeHost = imageOnSomeHost(await facts, image);
+      if (onSomeHost !== undefined) return onSomeHost;
+    }
     try {
       await docker.getImage(image).inspect();
       return true;

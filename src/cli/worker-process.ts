@@ -32,6 +32,7 @@ import type { ExtractLimits } from '../evidence/safe-extract.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { untilAborted } from '../deadlines/deadline.ts';
 import { RedisOutageLog } from '../redis/outage-log.ts';
+import { startHostFacts } from '../worker/host-facts.ts';
 import { startLease } from '../worker/lease.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
 
@@ -128,8 +129,12 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     return inputs;
   };
   const runtimeDeps = { docker, redis: connection, prefix, log };
-  const prepare = async (signal?: AbortSignal) =>
-    prepareRuntime(runtimeDeps, await runtimeInputs(), { callTimeoutMs: opts.callTimeoutMs, ...(signal && { signal }) });
+  let generation: string | undefined;
+  const prepare = async (signal?: AbortSignal) => {
+    const prepared = await prepareRuntime(runtimeDeps, await runtimeInputs(), { callTimeoutMs: opts.callTimeoutMs, ...(signal && { signal }) });
+    generation = prepared.generationId;
+    return prepared;
+  };
   // Warm the runtime generation now, so the first episodes do not pay its install in their set-up.
   const warmUp = prepare().then(() => undefined, (err: unknown) => log.warn({ err: String(err) }, 'runtime generation not prepared at start; episodes will try again'));
   const checkpointsQueue = new Queue(CHECKPOINTS_QUEUE, { connection, prefix });
@@ -144,6 +149,10 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const control = new EpisodeControl(connection, prefix);
   const running = new RunningEpisodes();
   const lease = await startLease(connection, prefix, workerId, leaseTtlMs, log);
+  const hostFacts = startHostFacts({
+    redis: connection, prefix, docker, workerId, concurrency: opts.concurrency, dataDir: opts.dataDir,
+    ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: () => generation, log,
+  });
 
   // Cancel requests reach whichever worker runs the episode.
   await subscriber.subscribe(control.channel);
@@ -242,7 +251,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       await step('runtime warm-up', () => warmUp);
       await step('checkpoint sink', () => checkpointSink.close());
       await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close()]));
-      await step('lease', () => lease.stop());
+      await step('lease', () => Promise.all([lease.stop(), hostFacts.stop()]));
       await step('queues', () => Promise.all([cleanupQueue.close(), checkpointsQueue.close()]));
       await step('connections', () => Promise.all([subscriber, connection].map((c) => c.quit().catch(() => c.disconnect()))));
       if (cutShort.length > 0) {

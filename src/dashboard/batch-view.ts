@@ -30,7 +30,7 @@ nav a{margin-right:1em}.passed{color:#1a7f37}.failed{color:#b35900}.error{color:
 export function layout(title: string, links: Links, body: SafeHtml): SafeHtml {
   return html`<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>${title} - rollout-fleet</title><style>${STYLE}</style></head>
-<body><nav><a href="/batches">Batches</a><a href="${links.bullBoardPath}/">Queues (Bull Board)</a><a href="/metrics">Metrics</a></nav>
+<body><nav><a href="/batches">Batches</a><a href="/hosts">Hosts</a><a href="${links.bullBoardPath}/">Queues (Bull Board)</a><a href="/metrics">Metrics</a></nav>
 <h1>${title}</h1>
 ${body}
 </body></html>`;

@@ -17,6 +17,7 @@ import { reapedCountKey } from '../redis/redis-keys.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { basicAuth, type Credentials } from './basic-auth.ts';
 import { batchPages } from './batch-pages.ts';
+import { hostsPage } from './hosts-page.ts';
 import { episodeHref } from './batch-view.ts';
 import { bullBoardRouter } from './bull-board.ts';
 import { createFleetMetrics } from './fleet-metrics.ts';
@@ -125,6 +126,7 @@ export function createDashboardApp(opts: DashboardOptions): DashboardApp {
     next();
   });
   app.use(batchPages({ results, dataDir: opts.dataDir, links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
+  app.use(hostsPage({ redis, prefix, links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
 
   app.use((_req, res) => {
     res.status(404).type('text/plain').send('not found\n');

@@ -7,7 +7,7 @@ import type { EpisodeJob, EpisodeResult } from '../../queues/episodes/contract.t
 import type { AgentRun } from '../agent/agent.ts';
 import type { Deadline } from '../deadlines/deadline.ts';
 import type { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
-import type { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
+import type { CheckpointStorage } from '../checkpoints/checkpoint-storage.ts';
 import type { FleetError } from '../errors/fleet-error.ts';
 import type { StopReason } from '../errors/episode-stop.ts';
 import type { EvidenceStore } from '../evidence/evidence-store.ts';
@@ -42,7 +42,7 @@ export interface EpisodeDeps {
   /** The model endpoint behind every episode's proxy; unset, agents that need a model fail (kind model). */
   model: ModelSettings | undefined;
   /** Where the agent's checkpoints go (never awaited by the agent) and where a retry finds the latest. */
-  checkpoints: { sink: CheckpointSink; store: CheckpointStore };
+  checkpoints: { sink: CheckpointSink; store: CheckpointStorage };
 }
 
 export interface ModelSettings {

@@ -7,6 +7,7 @@ import type { FailureKind } from '../errors/failure-kind.ts';
 import type { EpisodeControl } from '../episode/episode-control.ts';
 import { resetRetryCounts } from '../episode/retry-counts.ts';
 import type { ResultsStore } from '../results/results-store.ts';
+import { checkpointFenceKey } from '../redis/redis-keys.ts';
 import type { Redis } from 'ioredis';
 
 export interface RetryDeps {
@@ -34,6 +35,8 @@ export async function prepareRetry(deps: RetryDeps, episodeId: string): Promise<
   await deps.results.markForRetry(episodeId);
   await deps.control.end(episodeId);
   await resetRetryCounts(deps.redis, deps.prefix, episodeId);
+  // It runs again: its new checkpoints are welcome (the fence was for the writes of its last run).
+  await deps.redis.del(checkpointFenceKey(deps.prefix, episodeId));
 }
 
 /**

@@ -105,3 +105,16 @@ export const bullmqJobKey = (prefix: string, queueName: string, jobId: string) =
 
 /** BullMQ's event stream of a queue (what QueueEvents reads); for tests that must see an event in the same tick. */
 export const bullmqEventsKey = (prefix: string, queueName: string) => `${prefix}:${queueName}:events`;
+
+// --- checkpoints in an object store ---
+
+/** String: the newest durable checkpoint seq of an episode whose checkpoints are in an object store (only ever raised). */
+export const checkpointLatestKey = (prefix: string, episodeId: string) => `${prefix}:checkpoint-latest:${episodeId}`;
+
+/** String: the episode has its result; a checkpoint written after this is removed again (the fence). */
+export const checkpointFenceKey = (prefix: string, episodeId: string) => `${prefix}:checkpoint-fence:${episodeId}`;
+
+// --- hosts ---
+
+/** String with a TTL: one worker's facts (host, engine, runtime generation, images, free disk); `*` for a SCAN pattern. */
+export const workerFactsKey = (prefix: string, workerId: string) => `${prefix}:worker-facts:${workerId}`;

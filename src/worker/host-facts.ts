@@ -1,0 +1,115 @@
+// Per-host facts in one place: each worker reports, every few seconds and with a TTL (a dead worker's
+// facts vanish with it), its host name, Docker engine id, runtime generation, the images its engine
+// has and the free disk of its data folder. The dashboard shows the fleet by host from these; enqueue
+// checks that some live host has each task's image.
+import { statfs } from 'node:fs/promises';
+import os from 'node:os';
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { z } from 'zod';
+import { workerFactsKey } from '../redis/redis-keys.ts';
+import { dockerCall, engineId, type Docker } from '../sandbox/docker-client.ts';
+
+export const WorkerFacts = z.object({
+  workerId: z.string(),
+  host: z.string(),
+  engineId: z.string(),
+  pid: z.number().int(),
+  concurrency: z.number().int(),
+  /** The runtime generation prepared on this engine, once it is. */
+  runtimeGeneration: z.string().optional(),
+  /** Image references (repo:tag) and ids the engine has. */
+  images: z.array(z.string()),
+  /** Free bytes of the file system of the worker's data folder. */
+  freeDiskBytes: z.number(),
+  reportedAt: z.iso.datetime(),
+});
+export type WorkerFacts = z.infer<typeof WorkerFacts>;
+
+export interface HostFactsOptions {
+  redis: Redis;
+  prefix: string;
+  docker: Docker;
+  workerId: string;
+  concurrency: number;
+  dataDir: string;
+  /** Facts expire this long after the last report (the lease's TTL). */
+  ttlMs: number;
+  callTimeoutMs: number;
+  runtimeGeneration: () => string | undefined;
+  log: Logger;
+}
+
+export interface HostFactsReporter {
+  /** Report now (also done every ttl/3). */
+  report(): Promise<void>;
+  stop(): Promise<void>;
+}
+
+async function gather(opts: HostFactsOptions): Promise<WorkerFacts> {
+  const call = { timeoutMs: opts.callTimeoutMs };
+  const [engine, images, disk] = await Promise.all([
+    engineId(opts.docker, call),
+    dockerCall('list images', call, (abortSignal) => opts.docker.listImages({ abortSignal } as object)),
+    statfs(opts.dataDir).catch(() => undefined),
+  ]);
+  const generation = opts.runtimeGeneration();
+  return {
+    workerId: opts.workerId,
+    host: os.hostname(),
+    engineId: engine,
+    pid: process.pid,
+    concurrency: opts.concurrency,
+    ...(generation !== undefined && { runtimeGeneration: generation }),
+    images: [...new Set(images.flatMap((i) => [...(i.RepoTags ?? []).filter((t) => t !== '<none>:<none>'), i.Id]))].sort(),
+    freeDiskBytes: disk ? disk.bavail * disk.bsize : -1,
+    reportedAt: new Date().toISOString(),
+  };
+}
+
+export function startHostFacts(opts: HostFactsOptions): HostFactsReporter {
+  const key = workerFactsKey(opts.prefix, opts.workerId);
+  let reporting: Promise<void> | undefined;
+  const report = () => {
+    reporting ??= gather(opts)
+      .then((facts) => opts.redis.set(key, JSON.stringify(facts), 'PX', opts.ttlMs))
+      .then(() => undefined, (err: unknown) => opts.log.warn({ err: String(err) }, 'host facts not reported'))
+      .finally(() => (reporting = undefined));
+    return reporting;
+  };
+  const timer = setInterval(() => void report(), Math.max(1_000, Math.floor(opts.ttlMs / 3)));
+  timer.unref();
+  void report();
+  return {
+    report,
+    async stop() {
+      clearInterval(timer);
+      await reporting;
+      await opts.redis.del(key).catch(() => undefined);
+    },
+  };
+}
+
+/** The facts of every live worker, by worker id order. */
+export async function readHostFacts(redis: Redis, prefix: string): Promise<WorkerFacts[]> {
+  const keys: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, found] = await redis.scan(cursor, 'MATCH', workerFactsKey(prefix, '*'), 'COUNT', 500);
+    keys.push(...found);
+    cursor = next;
+  } while (cursor !== '0');
+  if (keys.length === 0) return [];
+  const values = await redis.mget(...keys);
+  return values.flatMap((v) => {
+    const parsed = v === null ? undefined : WorkerFacts.safeParse(JSON.parse(v));
+    return parsed?.success ? [parsed.data] : [];
+  }).sort((a, b) => a.workerId.localeCompare(b.workerId));
+}
+
+/** Whether some live worker's engine has `image` (by reference or id); undefined when no worker reports facts. */
+export function imageOnSomeHost(facts: readonly WorkerFacts[], image: string): boolean | undefined {
+  if (facts.length === 0) return undefined;
+  const withTag = image.includes(':') || image.includes('@') ? image : `${image}:latest`;
+  return facts.some((f) => f.images.includes(image) || f.images.includes(withTag));
+}
