@@ -6,7 +6,9 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import { checkpointProcessor } from '../../queues/checkpoints/processor.ts';
-import { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
+import type { ArtifactStore } from '../artifacts/artifact-store.ts';
+import { FolderStore } from '../artifacts/folder-store.ts';
+import { checkpointStorage } from '../checkpoints/open-checkpoint-storage.ts';
 import { redisEpisodeLock } from '../checkpoints/episode-lock.ts';
 
 export interface CheckpointWriterOptions {
@@ -23,6 +25,8 @@ export interface CheckpointWriterOptions {
   lockDurationMs?: number;
   /** Checkpoints kept per episode. @default 5 */
   keep?: number;
+  /** Where checkpoints go (FLEET_ARTIFACTS). @default the data folder */
+  artifacts?: ArtifactStore;
   /** The Worker's error listener. @default logs every error */
   onError?: (err: Error) => void;
 }
@@ -30,7 +34,7 @@ export interface CheckpointWriterOptions {
 export function startCheckpointWriter(opts: CheckpointWriterOptions): Worker {
   const { connection, prefix, log } = opts;
   const lockDuration = opts.lockDurationMs ?? 30_000;
-  const store = new CheckpointStore(opts.dataDir, { keep: opts.keep ?? 5, lock: redisEpisodeLock(connection, prefix) });
+  const store = checkpointStorage(opts.artifacts ?? new FolderStore(opts.dataDir), connection, prefix, { keep: opts.keep ?? 5, lock: redisEpisodeLock(connection, prefix) });
   const worker = new Worker(CHECKPOINTS_QUEUE, checkpointProcessor({ store, redis: connection, prefix, log }), {
     connection,
     prefix,

@@ -19,7 +19,10 @@ import { episodeFailedListener, episodeProcessor, type EpisodeProcessorDeps, typ
 import path from 'node:path';
 import { sandboxPrograms } from '../agent/sandbox-programs.ts';
 import { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
-import { CheckpointStore } from '../checkpoints/checkpoint-store.ts';
+import type { ArtifactStore } from '../artifacts/artifact-store.ts';
+import { FolderStore } from '../artifacts/folder-store.ts';
+import { checkpointStorage } from '../checkpoints/open-checkpoint-storage.ts';
+import { EvidencePublisher } from '../evidence/publish-evidence.ts';
 import { DEFAULT_RETRY_BUDGETS } from '../errors/failure-kind.ts';
 import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { endpointLimiter } from '../model/fleet-limits.ts';
@@ -69,6 +72,8 @@ export interface WorkerOptions {
   runtimeMaxIdleMs?: number;
   /** Checkpoints kept per episode by this process's checkpoint writer. @default 5 */
   checkpointKeep?: number;
+  /** Where checkpoints and evidence go for every host to read (FLEET_ARTIFACTS). @default the data folder */
+  artifacts?: ArtifactStore;
   /** A checkpoint's workspace snapshot above this is not captured (the checkpoint says why). @default 8 MiB */
   checkpointWorkspaceCapBytes?: number;
   /** A staged checkpoint no writer took expires after this long. @default 24 h */
@@ -97,6 +102,10 @@ export interface WorkerHandle {
 
 /** Time close() may take past the drain timeout before it cuts its connections. */
 export const CLOSE_GRACE_MS = 5_000;
+
+/** How often evidence left in the outbox is published again, and how long each folder gets. */
+const OUTBOX_INTERVAL_MS = 30_000;
+const OUTBOX_CALL_MS = 60_000;
 
 export const DEFAULT_SNAPSHOT_LIMITS: ExtractLimits = { maxBytes: 16 * 1024 * 1024, maxFileBytes: 4 * 1024 * 1024, maxFiles: 2_000 };
 
@@ -144,8 +153,14 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     ...(opts.checkpointWorkspaceCapBytes !== undefined && { workspaceCapBytes: opts.checkpointWorkspaceCapBytes }),
     ...(opts.checkpointStagedTtlMs !== undefined && { stagedTtlMs: opts.checkpointStagedTtlMs }),
   });
-  const checkpointStore = new CheckpointStore(opts.dataDir, { keep: opts.checkpointKeep ?? 5 });
+  const artifacts = opts.artifacts ?? new FolderStore(opts.dataDir);
+  const checkpointStore = checkpointStorage(artifacts, connection, prefix, { keep: opts.checkpointKeep ?? 5 });
   const evidence = new EvidenceStore(opts.dataDir);
+  // Evidence that could not be published at close (the store down or slow) goes from the outbox later.
+  const publisher = new EvidencePublisher(artifacts, opts.dataDir, log);
+  const outbox = publisher.local ? undefined : setInterval(() => void publisher.drainOutbox(OUTBOX_CALL_MS), OUTBOX_INTERVAL_MS);
+  outbox?.unref();
+  if (!publisher.local) void publisher.drainOutbox(OUTBOX_CALL_MS);
   const control = new EpisodeControl(connection, prefix);
   const running = new RunningEpisodes();
   const lease = await startLease(connection, prefix, workerId, leaseTtlMs, log);
@@ -184,6 +199,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     outputCapBytes: opts.outputCapBytes,
     snapshotLimits,
     dataDir: opts.dataDir,
+    publisher,
     // One limiter per worker and endpoint: its state is in Redis, shared with every other worker.
     model: opts.model && { ...opts.model, limiter: endpointLimiter(opts.model.baseUrl, opts.model.limits ?? {}, opts.model.requestTimeoutMs, { redis: connection, prefix, log }) },
     checkpoints: { sink: checkpointSink, store: checkpointStore },
@@ -213,7 +229,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   );
   const batches = new Worker(BATCHES_QUEUE, batchProcessor(results), { ...workerOpts, concurrency: 2 });
   const checkpoints = startCheckpointWriter({
-    connection, prefix, dataDir: opts.dataDir, log, name: workerId, lockDurationMs: lockDuration, keep: opts.checkpointKeep,
+    connection, prefix, dataDir: opts.dataDir, log, name: workerId, lockDurationMs: lockDuration, keep: opts.checkpointKeep, artifacts,
     onError: outages.listener(`${CHECKPOINTS_QUEUE}-worker`, 'worker error', 'error'),
   });
 
@@ -251,6 +267,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       await step('runtime warm-up', () => warmUp);
       await step('checkpoint sink', () => checkpointSink.close());
       await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close()]));
+      if (outbox !== undefined) clearInterval(outbox);
       await step('lease', () => Promise.all([lease.stop(), hostFacts.stop()]));
       await step('queues', () => Promise.all([cleanupQueue.close(), checkpointsQueue.close()]));
       await step('connections', () => Promise.all([subscriber, connection].map((c) => c.quit().catch(() => c.disconnect()))));

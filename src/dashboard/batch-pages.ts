@@ -5,11 +5,15 @@ import { Router } from 'express';
 import type { ResultsStore } from '../results/results-store.ts';
 import { summarize } from '../results/batch-summary.ts';
 import { batchListPage, batchPage, episodePage, notFoundPage, type BatchRow, type Links } from './batch-view.ts';
-import { readEvidence } from './evidence-files.ts';
+import type { ArtifactStore } from '../artifacts/artifact-store.ts';
+import { storeIsDataDir } from '../evidence/publish-evidence.ts';
+import { readEvidence, readEvidenceFromStore } from './evidence-files.ts';
 
 export interface BatchPagesOptions {
   results: ResultsStore;
   dataDir: string;
+  /** Where evidence is read when it is not the data folder (FLEET_ARTIFACTS): every host's episodes. */
+  artifacts?: ArtifactStore;
   links: Links;
   /** Batches listed on /batches. @default 100 */
   listLimit?: number;
@@ -54,7 +58,9 @@ export function batchPages(opts: BatchPagesOptions): Router {
       return;
     }
     const result = (await results.results(batchId)).find((r) => r.episodeId === episodeId);
-    const evidence = await readEvidence(opts.dataDir, episodeId, capBytes);
+    const evidence = opts.artifacts !== undefined && !storeIsDataDir(opts.artifacts, opts.dataDir)
+      ? await readEvidenceFromStore(opts.artifacts, episodeId, capBytes, AbortSignal.timeout(30_000))
+      : await readEvidence(opts.dataDir, episodeId, capBytes);
     res.type('html').send(episodePage({ batchId, episodeId, result, evidence, capBytes }, links).value);
   });
 

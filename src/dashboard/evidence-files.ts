@@ -5,6 +5,7 @@
 import { constants } from 'node:fs';
 import { open, readdir } from 'node:fs/promises';
 import path from 'node:path';
+import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { EPISODE_ID_PATTERN } from '../ids/episode-id.ts';
 
 const ATTEMPT_DIR = /^attempt-(\d{1,6})$/;
@@ -64,4 +65,34 @@ export async function readEvidence(dataDir: string, episodeId: string, capBytes:
     }
   }
   return files;
+}
+
+/**
+ * The same from the artifact store (FLEET_ARTIFACTS), so a dashboard on any host shows every host's
+ * evidence: keys listed under evidence/<episode>/attempt-<n>/ (files of the attempt's top level), each
+ * read up to capBytes from its stream.
+ */
+export async function readEvidenceFromStore(store: ArtifactStore, episodeId: string, capBytes: number, signal: AbortSignal): Promise<EvidenceFile[]> {
+  if (!EPISODE_ID_PATTERN.test(episodeId)) return [];
+  const base = `evidence/${episodeId}/`;
+  const keys = await store.list(base, { signal });
+  const files: EvidenceFile[] = [];
+  for (const { key, bytes } of keys) {
+    const [dir, name, ...deeper] = key.slice(base.length).split('/');
+    const attempt = ATTEMPT_DIR.exec(dir ?? '');
+    if (attempt === null || name === undefined || deeper.length > 0 || name.startsWith('.')) continue;
+    const stream = await store.open(key, { signal });
+    if (stream === undefined) continue;
+    const chunks: Buffer[] = [];
+    let read = 0;
+    for await (const chunk of stream) {
+      const buf = chunk as Buffer;
+      chunks.push(buf.subarray(0, capBytes - read));
+      read += Math.min(buf.length, capBytes - read);
+      if (read >= capBytes) break;
+    }
+    stream.destroy();
+    files.push({ attempt: Number(attempt[1]), name, sizeBytes: bytes, text: Buffer.concat(chunks).toString('utf8'), truncated: bytes > capBytes });
+  }
+  return files.sort((a, b) => a.attempt - b.attempt || a.name.localeCompare(b.name));
 }

@@ -94,7 +94,7 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
     state.agentRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'agent', state.agentRun),
     state.verifyRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'verifier', state.verifyRun),
   ]);
-  if (state.session === undefined) return;
+  if (state.session === undefined) return publish(attempt, deps, signal);
   closed.oomKilled = await state.session.state(signal).then((s) => s.oomKilled, () => undefined);
   const snapshotDir = path.join(evidence.folder(job.episodeId, attempt.attempt), 'workspace');
   const tar = (await state.session.getArchive(task.workdir, signal)) as Readable;
@@ -111,6 +111,14 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
       oomKilled: closed.oomKilled,
     }),
   ]);
+  await publish(attempt, deps, signal);
+}
+
+/** The attempt's evidence into the artifact store, in what is left of its slice; else it waits in the outbox. */
+async function publish(attempt: EpisodeAttempt, deps: EpisodeDeps, signal: AbortSignal): Promise<void> {
+  const rel = path.relative(deps.dataDir, deps.evidence.folder(attempt.job.episodeId, attempt.attempt)).split(path.sep).join('/');
+  await deps.publisher.publish(rel, signal).catch((err: unknown) =>
+    deps.log.warn({ err: String(err) }, 'evidence not yet in the artifact store; the outbox keeps it for later'));
 }
 
 async function writeTrajectory(attempt: EpisodeAttempt, deps: EpisodeDeps): Promise<void> {

@@ -8,6 +8,7 @@ import type { AgentRun } from '../agent/agent.ts';
 import type { Deadline } from '../deadlines/deadline.ts';
 import type { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
 import type { CheckpointStorage } from '../checkpoints/checkpoint-storage.ts';
+import type { EvidencePublisher } from '../evidence/publish-evidence.ts';
 import type { FleetError } from '../errors/fleet-error.ts';
 import type { StopReason } from '../errors/episode-stop.ts';
 import type { EvidenceStore } from '../evidence/evidence-store.ts';
@@ -43,6 +44,8 @@ export interface EpisodeDeps {
   model: ModelSettings | undefined;
   /** Where the agent's checkpoints go (never awaited by the agent) and where a retry finds the latest. */
   checkpoints: { sink: CheckpointSink; store: CheckpointStorage };
+  /** Copies each attempt's evidence into the artifact store every host reads. */
+  publisher: EvidencePublisher;
 }
 
 export interface ModelSettings {
