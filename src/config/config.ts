@@ -3,6 +3,7 @@
 import os from 'node:os';
 import path from 'node:path';
 import { z } from 'zod';
+import { parseArtifactsLocation } from '../artifacts/artifacts-location.ts';
 import { DEFAULT_RETRY_BUDGETS, MAX_RETRIES_PER_KIND } from '../errors/failure-kind.ts';
 import { describeIssues } from './zod-issues.ts';
 
@@ -13,6 +14,21 @@ export const FleetConfig = z.object({
   REDIS_URL: z.string().regex(/^rediss?:\/\//, 'must start with redis:// or rediss://').optional(),
   /** Where results and evidence are written. @default ./.fleet-data */
   FLEET_DATA_DIR: z.string().min(1).default(path.resolve('.fleet-data')),
+  /**
+   * Where checkpoints, evidence and trajectories are kept: `s3://<bucket>[/prefix]` (an S3-compatible
+   * store; endpoint, region and keys from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, AWS_REGION,
+   * AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) or an absolute folder path. @default FLEET_DATA_DIR
+   */
+  FLEET_ARTIFACTS: z
+    .string()
+    .superRefine((value, ctx) => {
+      try {
+        parseArtifactsLocation(value);
+      } catch (err) {
+        ctx.addIssue({ code: 'custom', message: (err as Error).message });
+      }
+    })
+    .optional(),
   /** Redis key prefix of every queue and fleet key, so several fleets can share one Redis. @default rf */
   FLEET_PREFIX: z.string().regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, - and _ only').default('rf'),
   /** The Docker engine: unix:///path or tcp://host:port. @default unix:///var/run/docker.sock */

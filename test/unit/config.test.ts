@@ -59,6 +59,29 @@ describe('config', () => {
   });
 });
 
+describe('FLEET_ARTIFACTS', () => {
+  it('takes s3://bucket[/prefix] or an absolute folder, unset by default, and names a bad one with its value', () => {
+    expect(loadConfig({}).FLEET_ARTIFACTS).toBeUndefined();
+    expect(loadConfig({ FLEET_ARTIFACTS: 's3://fleet-artifacts/runs/2026' }).FLEET_ARTIFACTS).toBe('s3://fleet-artifacts/runs/2026');
+    expect(loadConfig({ FLEET_ARTIFACTS: 's3://my.bucket-1' }).FLEET_ARTIFACTS).toBe('s3://my.bucket-1');
+    expect(loadConfig({ FLEET_ARTIFACTS: '/mnt/shared/artifacts' }).FLEET_ARTIFACTS).toBe('/mnt/shared/artifacts');
+    for (const bad of ['s3://Bad_Bucket/x', 's3://ab', 's3://bucket/../etc', 'relative/folder', 'https://bucket.s3.amazonaws.com/x', 's3://']) {
+      const err = (() => {
+        try {
+          loadConfig({ FLEET_ARTIFACTS: bad });
+        } catch (e) {
+          return e;
+        }
+      })();
+      expect(err, bad).toBeInstanceOf(ConfigError);
+      const problems = (err as ConfigError).problems;
+      expect(problems).toHaveLength(1);
+      expect(problems[0]).toMatch(/^FLEET_ARTIFACTS: must be s3:\/\/<bucket>\[\/prefix\]/);
+      expect(problems[0]!.endsWith(`(got ${JSON.stringify(bad)})`), problems[0]).toBe(true);
+    }
+  });
+});
+
 describe('outcomeOf', () => {
   it('retries infrastructure and model failures only', () => {
     const codes: FleetErrorCode[] = ['invalid_payload', 'image_not_found', 'docker_timeout', 'worker_lost', 'model_error', 'agent_crashed', 'disk_limit_exceeded', 'verifier_timeout'];
