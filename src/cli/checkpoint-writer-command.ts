@@ -7,6 +7,7 @@ import { RedisOutageLog } from '../redis/outage-log.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
 import { CHECKPOINT_WRITER_OPTIONS } from './command-table.ts';
 import { UsageError, requireRedisUrl, type Cli } from './context.ts';
+import { openArtifactStore } from '../artifacts/open-store.ts';
 
 export async function checkpointWriterCommand(cli: Cli, args: string[]): Promise<number> {
   const { values } = parseArgs({ args, options: CHECKPOINT_WRITER_OPTIONS });
@@ -28,6 +29,7 @@ export async function checkpointWriterCommand(cli: Cli, args: string[]): Promise
     connection,
     prefix: config.FLEET_PREFIX,
     dataDir: config.FLEET_DATA_DIR,
+    artifacts: openArtifactStore(config.FLEET_ARTIFACTS, config.FLEET_DATA_DIR),
     log,
     name,
     concurrency,

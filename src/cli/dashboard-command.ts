@@ -10,6 +10,7 @@ import { RedisOutageLog } from '../redis/outage-log.ts';
 import { fleetQueues } from './queue-clients.ts';
 import { DASHBOARD_OPTIONS } from './command-table.ts';
 import { UsageError, connectProducer, requireRedisUrl, type Cli } from './context.ts';
+import { openArtifactStore } from '../artifacts/open-store.ts';
 
 /** The credentials to require, or undefined when --local-only allows none; throws when it does not. */
 export function dashboardCredentials(config: FleetConfig, localOnly: boolean): Credentials | undefined {
@@ -51,6 +52,7 @@ export async function dashboardCommand(cli: Cli, args: string[]): Promise<number
       queues,
       prefix: config.FLEET_PREFIX,
       dataDir: config.FLEET_DATA_DIR,
+      artifacts: openArtifactStore(config.FLEET_ARTIFACTS, config.FLEET_DATA_DIR),
       log,
       credentials,
       writeEnabled: config.FLEET_DASHBOARD_WRITE,

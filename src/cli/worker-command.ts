@@ -10,6 +10,7 @@ import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { CLOSE_GRACE_MS, startWorker, type WorkerHandle } from './worker-process.ts';
 import { WORKER_OPTIONS } from './command-table.ts';
 import { positiveOption, requireRedisUrl, type Cli } from './context.ts';
+import { openArtifactStore } from '../artifacts/open-store.ts';
 
 /**
  * Exit code of a worker whose close deadline passed with episodes it could not hand back (Redis did not
@@ -45,6 +46,7 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     redisUrl: requireRedisUrl(config),
     prefix: config.FLEET_PREFIX,
     dataDir: config.FLEET_DATA_DIR,
+    artifacts: openArtifactStore(config.FLEET_ARTIFACTS, config.FLEET_DATA_DIR),
     docker,
     log,
     workerId: config.FLEET_WORKER_ID,

@@ -16,6 +16,7 @@ import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
 import { reapedCountKey } from '../redis/redis-keys.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { basicAuth, type Credentials } from './basic-auth.ts';
+import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { batchPages } from './batch-pages.ts';
 import { hostsPage } from './hosts-page.ts';
 import { episodeHref } from './batch-view.ts';
@@ -32,6 +33,8 @@ export interface DashboardOptions {
   queues: Queue[];
   prefix: string;
   dataDir: string;
+  /** Where evidence is read (FLEET_ARTIFACTS), so one dashboard shows every host's episodes. @default the data folder */
+  artifacts?: ArtifactStore;
   log: Logger;
   /** HTTP Basic credentials; undefined serves without authentication (local-only use). */
   credentials: Credentials | undefined;
@@ -125,7 +128,7 @@ export function createDashboardApp(opts: DashboardOptions): DashboardApp {
     if (!req.path.startsWith(BULL_BOARD_PATH)) res.set('Content-Security-Policy', "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'");
     next();
   });
-  app.use(batchPages({ results, dataDir: opts.dataDir, links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
+  app.use(batchPages({ results, dataDir: opts.dataDir, ...(opts.artifacts && { artifacts: opts.artifacts }), links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
   app.use(hostsPage({ redis, prefix, links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
 
   app.use((_req, res) => {
