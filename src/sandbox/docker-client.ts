@@ -1,5 +1,6 @@
 // The Docker engine client and the deadline every call to it runs under. Only src/sandbox imports
 // dockerode; everything else sees sandbox sessions.
+import { createHash } from 'node:crypto';
 import Docker from 'dockerode';
 import { untilAborted } from '../deadlines/deadline.ts';
 import { EpisodeStop } from '../errors/episode-stop.ts';
@@ -72,11 +73,16 @@ export async function dockerCall<T>(
 
 const engineIds = new WeakMap<Docker, Promise<string>>();
 
-/** The engine's own id (stable across restarts), asked once per client. Tells engines apart when hosts share Redis. */
+/**
+ * The engine's identity (stable across restarts), asked once per client: tells engines apart when hosts
+ * share Redis. The engine's own ID alone does not: engines that share /etc/docker (two on one host, or
+ * hosts cloned from one image) share it; with its host name and data root they do not.
+ */
 export function engineId(docker: Docker, opts: CallOptions): Promise<string> {
   let id = engineIds.get(docker);
   if (!id) {
-    id = dockerCall('engine info', opts, (abortSignal) => (docker.info as (opts: object) => Promise<{ ID: string }>).call(docker, { abortSignal })).then((info) => info.ID);
+    id = dockerCall('engine info', opts, (abortSignal) => (docker.info as (opts: object) => Promise<{ ID: string; Name?: string; DockerRootDir?: string }>).call(docker, { abortSignal }))
+      .then((info) => `${info.ID}@${createHash('sha256').update(`${info.Name ?? ''}\0${info.DockerRootDir ?? ''}`).digest('hex').slice(0, 12)}`);
     id.catch(() => engineIds.delete(docker));
     engineIds.set(docker, id);
   }

@@ -187,3 +187,34 @@ export function startEnvWorker(env: FleetEnv, workerId: string, overrides: Parti
 export async function enqueueFile(env: FleetEnv, file: string) {
   return enqueueBatch(await loadBatch(file), { flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
 }
+
+export interface Dashboard {
+  child: ChildProcess;
+  url: string;
+  output(): string;
+  stop(): Promise<number | null>;
+}
+
+/** `rollout-fleet dashboard` as its own process; resolves once it logged where it listens. */
+export async function spawnDashboard(env: NodeJS.ProcessEnv, args: string[]): Promise<Dashboard> {
+  const child = spawn(process.execPath, [BIN, 'dashboard', ...args], { env: { ...env, LOG_LEVEL: 'info' }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+  const stop = async () => {
+    if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
+    child.kill('SIGTERM');
+    const [code] = (await once(child, 'exit')) as [number | null];
+    return code;
+  };
+  try {
+    const url = await waitFor('the dashboard to listen', async () => {
+      if (child.exitCode !== null) throw new Error(`dashboard exited ${child.exitCode}: ${out}`);
+      return /"url":"(http:[^"]+)".*"msg":"dashboard listening"/.exec(out)?.[1];
+    }, 30_000, 50);
+    return { child, url, output: () => out, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}

@@ -3,8 +3,6 @@
 // shows the queues in Bull Board, a finished episode's job, and the batch page with its charts and the
 // episode's evidence, escaped. Also: /metrics, read-only Bull Board, redaction, path traversal.
 import http from 'node:http';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -13,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
 import type { WorkerHandle } from '../../src/cli/worker-process.ts';
-import { BIN, runCli, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker, enqueueFile } from '../helpers/fleet.ts';
+import { runCli, spawnDashboard, type Dashboard, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const USER = 'operator';
@@ -28,37 +26,6 @@ const task = (id: string, verify: string) => ({
   yaml: `id: ${id}\ninstruction: write fixed into state.txt\nverify:\n  command: ${verify}\n  timeoutSec: 10\ndeadlineSec: 120\nreserves: { setupSec: 30, verifySec: 20, closeSec: 20 }\n`,
   files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
 });
-
-interface Dashboard {
-  child: ChildProcess;
-  url: string;
-  output(): string;
-  stop(): Promise<number | null>;
-}
-
-/** `rollout-fleet dashboard` as its own process; resolves once it logged where it listens. */
-async function spawnDashboard(env: NodeJS.ProcessEnv, args: string[]): Promise<Dashboard> {
-  const child = spawn(process.execPath, [BIN, 'dashboard', ...args], { env: { ...env, LOG_LEVEL: 'info' }, stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (out += d.toString()));
-  const stop = async () => {
-    if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
-    child.kill('SIGTERM');
-    const [code] = (await once(child, 'exit')) as [number | null];
-    return code;
-  };
-  try {
-    const url = await waitFor('the dashboard to listen', async () => {
-      if (child.exitCode !== null) throw new Error(`dashboard exited ${child.exitCode}: ${out}`);
-      return /"url":"(http:[^"]+)".*"msg":"dashboard listening"/.exec(out)?.[1];
-    }, 30_000, 50);
-    return { child, url, output: () => out, stop };
-  } catch (err) {
-    await stop();
-    throw err;
-  }
-}
 
 describe('dashboard', () => {
   let env: FleetEnv;
