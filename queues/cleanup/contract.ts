@@ -15,6 +15,11 @@ export const CleanupJob = z.strictObject({
   containerId: z.string().regex(/^[0-9a-f]{12,64}$/, 'a container id'),
   /** Budget of one removal attempt. */
   timeoutMs: z.number().int().positive().default(30_000),
+  /**
+   * The engine that runs the sandbox (docker-client.ts's engineId). A worker of another engine (another
+   * host) leaves the job for a later attempt, which another worker may take. Absent: any engine.
+   */
+  engineId: z.string().min(1).optional(),
 });
 export type CleanupJob = z.infer<typeof CleanupJob>;
 

@@ -6,6 +6,7 @@ import type Docker from 'dockerode';
 import { reapOrphans, type ReapDeps, type ReapReport } from '../../src/cleanup/reap-orphans.ts';
 import { describeIssues } from '../../src/config/zod-issues.ts';
 import { removeStaleGenerations } from '../../src/runtime/remove-stale-generations.ts';
+import { engineId } from '../../src/sandbox/docker-client.ts';
 import { removeContainer } from '../../src/sandbox/sandbox-session.ts';
 import { CleanupJob, REAP_JOB, REMOVE_SANDBOX_JOB, type CleanupResult } from './contract.ts';
 
@@ -27,6 +28,13 @@ export function cleanupProcessor(deps: CleanupProcessorDeps) {
     if (job.name !== REMOVE_SANDBOX_JOB) throw new UnrecoverableError(`unknown cleanup job ${JSON.stringify(job.name)}`);
     const parsed = CleanupJob.safeParse(job.data);
     if (!parsed.success) throw new UnrecoverableError(`invalid cleanup job: ${describeIssues(parsed.error, job.data).join('; ')}`);
+    // The queue is the fleet's, the sandbox one engine's: on another host's engine it would be "not
+    // found", and so wrongly counted removed. Another attempt (with backoff) may land on its host; the
+    // reaper of its engine finds it by its labels if none does.
+    const mine = parsed.data.engineId === undefined ? undefined : await engineId(deps.docker, { timeoutMs: deps.callTimeoutMs });
+    if (mine !== undefined && mine !== parsed.data.engineId) {
+      throw new Error(`sandbox ${parsed.data.containerId.slice(0, 12)} runs on engine ${parsed.data.engineId}, not this worker's (${mine}); left for a worker of its host`);
+    }
     await removeContainer(deps.docker, parsed.data.containerId, parsed.data.timeoutMs);
     return { removed: parsed.data.containerId };
   };

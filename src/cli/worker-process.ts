@@ -35,6 +35,7 @@ import type { ExtractLimits } from '../evidence/safe-extract.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { untilAborted } from '../deadlines/deadline.ts';
 import { RedisOutageLog } from '../redis/outage-log.ts';
+import { engineId } from '../sandbox/docker-client.ts';
 import { startHostFacts } from '../worker/host-facts.ts';
 import { startLease } from '../worker/lease.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
@@ -205,7 +206,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     checkpoints: { sink: checkpointSink, store: checkpointStore },
     prepareRuntime: prepare,
     async scheduleCleanup(episodeId, containerId) {
-      const data: CleanupJob = CleanupJob.parse({ episodeId, containerId });
+      const data: CleanupJob = CleanupJob.parse({ episodeId, containerId, engineId: await engineId(docker, { timeoutMs: opts.callTimeoutMs }) });
       await cleanupQueue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
     },
   };

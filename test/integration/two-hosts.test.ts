@@ -7,7 +7,10 @@
 import { mkdtemp, readFile, readdir } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import type { Job } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { REMOVE_SANDBOX_JOB } from '../../queues/cleanup/contract.ts';
+import { cleanupProcessor, type CleanupProcessorDeps } from '../../queues/cleanup/processor.ts';
 import { openArtifactStore } from '../../src/artifacts/open-store.ts';
 import type { ArtifactStore } from '../../src/artifacts/artifact-store.ts';
 import { startModelStub, type ModelStub } from '../../src/model/model-stub.ts';
@@ -122,5 +125,18 @@ describe.each(['s3', 'shared folder'] as const)('two hosts, one fleet (%s store)
     expect(page).toContain('Hello'); // the verifier's output: "ok: Hello, world!"
     const hosts = (await (await fetch(`${dashboard.url}/hosts.json`)).json()) as { workers: { workerId: string }[] };
     expect(hosts.workers.map((w) => w.workerId)).toContain('host-b');
+  });
+
+  it('leaves a sandbox\'s removal to a worker of its own engine: another host\'s worker does not count it removed', async () => {
+    const container = await engineB.docker.createContainer({ Image: DEFAULT_IMAGE, Cmd: ['sleep', '600'], Labels: { [LABEL.fleet]: env.prefix } });
+    const job = (data: object) => ({ name: REMOVE_SANDBOX_JOB, data }) as unknown as Job;
+    const data = { episodeId: 'elsewhere.t.0', containerId: container.id, engineId: await engineId(engineB.docker, { timeoutMs: 10_000 }) };
+    const deps = (engine: typeof docker) => ({ docker: engine, reapMinAgeMs: 60_000, runtimeMaxIdleMs: 3_600_000, callTimeoutMs: 10_000 }) as unknown as CleanupProcessorDeps;
+    // On host A's engine the container is "not found": the job fails (to be retried), nothing is reported removed.
+    await expect(cleanupProcessor(deps(docker))(job(data))).rejects.toThrow(/runs on engine .* not this worker's/);
+    expect((await engineB.docker.getContainer(container.id).inspect()).Id).toBe(container.id);
+    // On its own engine it is removed.
+    await expect(cleanupProcessor(deps(engineB.docker))(job(data))).resolves.toEqual({ removed: container.id });
+    await expect(engineB.docker.getContainer(container.id).inspect()).rejects.toMatchObject({ statusCode: 404 });
   });
 });
