@@ -170,11 +170,17 @@ describe('artifact store down or slow', () => {
     expect(wallMs).toBeLessThanOrEqual(Math.max(...deadlines.values()) * 1000);
     const ids = new Set(plan.jobs.map((j) => j.episodeId));
     expect(await writtenCheckpoints(ids)).toHaveLength(0);
-    // The writer tried and failed (retried with backoff, then given up): nothing waits on it.
-    await waitFor('checkpoint jobs failed', async () => {
-      const failed = (await checkpointsQueue.getFailed(0, -1)).filter((j) => ids.has((j.data as { episodeId: string }).episodeId));
-      return failed.length > 0;
-    }, 30_000, 200);
+    // The writer tried and failed, retried with backoff; each job ends failed (given up) or fenced (a
+    // retry after the result). None is left waiting on the store.
+    await waitFor('checkpoint jobs settled', async () => {
+      const jobs = (await checkpointsQueue.getJobs(['waiting', 'active', 'delayed', 'completed', 'failed'], 0, -1))
+        .filter((j) => ids.has((j.data as { episodeId: string }).episodeId));
+      const states = await Promise.all(jobs.map((j) => j.getState()));
+      return jobs.length > 0 && states.every((st) => st === 'failed' || st === 'completed') ? jobs : undefined;
+    }, 30_000, 200).then((jobs) => {
+      expect(jobs.some((j) => j.attemptsMade >= 1 && (j.stacktrace?.length ?? 0) > 0)).toBe(true);
+      for (const j of jobs) if (j.finishedOn && j.returnvalue) expect((j.returnvalue as { outcome: string }).outcome).toBe('fenced');
+    });
 
     // The outbox keeps every attempt's folder while the store is down, through several drains.
     await new Promise((r) => setTimeout(r, 2_500));
