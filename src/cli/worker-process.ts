@@ -79,6 +79,11 @@ export interface WorkerOptions {
   checkpointWorkspaceCapBytes?: number;
   /** A staged checkpoint no writer took expires after this long. @default 24 h */
   checkpointStagedTtlMs?: number;
+  /**
+   * How often the background publisher copies evidence left in the outbox (the store was down or slow
+   * at close) into the artifact store; tests pass a short one. @default 30000
+   */
+  outboxIntervalMs?: number;
 }
 
 export interface CloseOutcome {
@@ -159,9 +164,17 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const evidence = new EvidenceStore(opts.dataDir);
   // Evidence that could not be published at close (the store down or slow) goes from the outbox later.
   const publisher = new EvidencePublisher(artifacts, opts.dataDir, log);
-  const outbox = publisher.local ? undefined : setInterval(() => void publisher.drainOutbox(OUTBOX_CALL_MS), OUTBOX_INTERVAL_MS);
+  // One drain at a time: with a slow store a drain can outlast the interval, and overlapping ones
+  // would only copy the same folders twice.
+  let draining: Promise<unknown> | undefined;
+  const drainOutbox = () => {
+    draining ??= publisher.drainOutbox(OUTBOX_CALL_MS)
+      .catch((err: unknown) => log.warn({ err: String(err) }, 'outbox drain failed'))
+      .finally(() => (draining = undefined));
+  };
+  const outbox = publisher.local ? undefined : setInterval(drainOutbox, opts.outboxIntervalMs ?? OUTBOX_INTERVAL_MS);
   outbox?.unref();
-  if (!publisher.local) void publisher.drainOutbox(OUTBOX_CALL_MS);
+  if (!publisher.local) drainOutbox();
   const control = new EpisodeControl(connection, prefix);
   const running = new RunningEpisodes();
   const lease = await startLease(connection, prefix, workerId, leaseTtlMs, log);

@@ -2,7 +2,8 @@
 // captured, restored into the sandbox before the agent starts. Runs under the set-up deadline.
 import path from 'node:path';
 import type { AgentInput } from '../agent/reference/agent-input.ts';
-import type { Deadline } from '../deadlines/deadline.ts';
+import type { StoredCheckpoint } from '../checkpoints/checkpoint-storage.ts';
+import { untilAborted, type Deadline } from '../deadlines/deadline.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
 
@@ -20,21 +21,36 @@ export async function resumePoint(
   deadline: Deadline,
 ): Promise<AgentResume | undefined> {
   const { job } = attempt;
+  // Looking the checkpoints up is best effort: a store that is down or slow (an S3 artifact store) must
+  // not fail the attempt. It gets half of what is left of the set-up reserve; past that, or on a store
+  // error, the attempt starts afresh. A stop from outside or the set-up deadline itself still ends it.
+  const lookup = deadline.within(Math.round(deadline.remainingMs / 2), 'looking up checkpoints');
+  let stored: StoredCheckpoint | undefined;
+  try {
+    stored = await untilAborted(newestWithWorkspace(job.episodeId, deps), lookup);
+  } catch (err) {
+    if (deadline.signal.aborted) throw deadline.signal.reason;
+    deps.log.warn({ err: String(err) }, 'checkpoints could not be looked up; the attempt starts afresh');
+    return undefined;
+  }
+  if (stored?.workspaceTar === undefined) return undefined;
+  const { checkpoint } = stored;
+  const tar = stored.workspaceTar;
+  // The tar holds the workdir under its base name (what getArchive gave): unpack it in the parent.
+  await deadline.run('restoring the checkpoint workspace', (signal) => session.putArchive(tar.open(), path.posix.dirname(job.task.workdir), signal));
+  state.resumedFrom = checkpoint.seq;
+  deps.log.info({ seq: checkpoint.seq, turn: checkpoint.turn, agentMs: checkpoint.agentMs }, 'resuming from checkpoint');
+  return { turn: checkpoint.turn, messages: checkpoint.messages, usage: checkpoint.usage, agentMs: checkpoint.agentMs };
+}
+
+/** The newest durable checkpoint of the episode whose workspace was captured, or undefined. */
+async function newestWithWorkspace(episodeId: string, deps: EpisodeDeps): Promise<StoredCheckpoint | undefined> {
   const { store } = deps.checkpoints;
-  const seqs = (await deadline.run('listing checkpoints', () => store.seqs(job.episodeId))).sort((a, b) => b - a);
+  const seqs = (await store.seqs(episodeId)).sort((a, b) => b - a);
   for (const seq of seqs) {
-    const stored = await deadline.run('reading a checkpoint', () => store.read(job.episodeId, seq));
-    if (stored?.workspaceTar === undefined) {
-      if (stored) deps.log.info({ seq, workspace: stored.checkpoint.workspace }, 'checkpoint without its workspace: not resumed from');
-      continue;
-    }
-    const { checkpoint } = stored;
-    const tar = stored.workspaceTar;
-    // The tar holds the workdir under its base name (what getArchive gave): unpack it in the parent.
-    await deadline.run('restoring the checkpoint workspace', (signal) => session.putArchive(tar.open(), path.posix.dirname(job.task.workdir), signal));
-    state.resumedFrom = checkpoint.seq;
-    deps.log.info({ seq: checkpoint.seq, turn: checkpoint.turn, agentMs: checkpoint.agentMs }, 'resuming from checkpoint');
-    return { turn: checkpoint.turn, messages: checkpoint.messages, usage: checkpoint.usage, agentMs: checkpoint.agentMs };
+    const stored = await store.read(episodeId, seq);
+    if (stored?.workspaceTar !== undefined) return stored;
+    if (stored) deps.log.info({ seq, workspace: stored.checkpoint.workspace }, 'checkpoint without its workspace: not resumed from');
   }
   return undefined;
 }

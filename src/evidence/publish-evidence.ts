@@ -19,9 +19,12 @@ async function filesUnder(root: string, rel: string): Promise<string[]> {
   const entries = await readdir(path.join(root, rel), { withFileTypes: true }).catch(() => []);
   const out: string[] = [];
   for (const e of entries) {
+    // A key segment never starts with `.` (checkKey): dot files and dot folders (a workspace's .git,
+    // .solution) stay on the host only; one such key failed the whole folder, which then never left the outbox.
+    if (e.name.startsWith('.')) continue;
     const child = `${rel}/${e.name}`;
     if (e.isDirectory()) out.push(...(await filesUnder(root, child)));
-    else if (e.isFile() && !e.name.startsWith('.')) out.push(child);
+    else if (e.isFile()) out.push(child);
   }
   return out;
 }
