@@ -10,7 +10,7 @@ import { resultWithoutRun } from '../../src/episode/episode-result.ts';
 import type { RunningEpisodes } from '../../src/episode/running-episodes.ts';
 import type { EpisodeDeps } from '../../src/episode/episode-attempt.ts';
 import { runEpisode } from '../../src/episode/run-episode.ts';
-import { Deadline, PhaseTimeout } from '../../src/deadlines/deadline.ts';
+import { Deadline, PhaseTimeout, untilAborted } from '../../src/deadlines/deadline.ts';
 import { stopOf } from '../../src/errors/episode-stop.ts';
 import { checkpointFenceKey, episodeFailuresKey as failuresKey, episodeStartsKey as startsKey } from '../../src/redis/redis-keys.ts';
 import { resetRetryCounts } from '../../src/episode/retry-counts.ts';
@@ -35,6 +35,8 @@ export class RetryableEpisodeError extends Error {
 }
 
 const KEEP_SEC = 7 * 24 * 3600;
+/** How long recording a result waits for the removal of the episode's checkpoints (a slow store). */
+const CHECKPOINT_REMOVAL_WAIT_MS = 5_000;
 
 /**
  * The one place an episode's final result is recorded: stored once (a second result is refused), its
@@ -48,7 +50,9 @@ async function recordFinal(deps: EpisodeProcessorDeps, result: EpisodeResult): P
   // The episode is over: its checkpoints served their purpose (a requeue by kind starts afresh). The
   // fence first, so a writer that is late (a slow queue, another host) removes what it writes after.
   await deps.redis.set(checkpointFenceKey(deps.prefix, episodeId), '1', 'EX', KEEP_SEC + 24 * 3600);
-  await deps.checkpoints.store.remove(episodeId).catch((err: unknown) => deps.log.warn({ episodeId, err: String(err) }, 'checkpoints not removed'));
+  // Waited for a little (the next episode waits on this slot), then left to finish in the background.
+  const removal = deps.checkpoints.store.remove(episodeId).catch((err: unknown) => deps.log.warn({ episodeId, err: String(err) }, 'checkpoints not removed'));
+  await untilAborted(removal, AbortSignal.timeout(CHECKPOINT_REMOVAL_WAIT_MS)).catch(() => deps.log.warn({ episodeId }, 'checkpoint removal still under way; not waited for'));
   return result;
 }
 

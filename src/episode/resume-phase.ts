@@ -21,6 +21,8 @@ export async function resumePoint(
   deadline: Deadline,
 ): Promise<AgentResume | undefined> {
   const { job } = attempt;
+  // A first attempt has no checkpoints to find: no store call on its critical path.
+  if (attempt.attempt === 1) return undefined;
   // Looking the checkpoints up is best effort: a store that is down or slow (an S3 artifact store) must
   // not fail the attempt. It gets half of what is left of the set-up reserve; past that, or on a store
   // error, the attempt starts afresh. A stop from outside or the set-up deadline itself still ends it.

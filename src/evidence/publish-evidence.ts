@@ -4,6 +4,7 @@
 // folder under FLEET_DATA_DIR/outbox/) and the worker's background publisher copies it later, also
 // after a restart. When the store is the data folder itself (the default), there is nothing to copy.
 import { mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import { setMaxListeners } from 'node:events';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { ArtifactStore } from '../artifacts/artifact-store.ts';
@@ -50,6 +51,8 @@ export class EvidencePublisher {
    */
   async publish(rel: string, signal: AbortSignal): Promise<{ files: number; bytes: number }> {
     if (this.local) return { files: 0, bytes: 0 };
+    // Every file's call listens to it, 8 at a time, each with the SDK's own listeners.
+    setMaxListeners(0, signal);
     const marker = path.join(this.dataDir, OUTBOX, markerName(rel));
     await mkdir(path.dirname(marker), { recursive: true });
     await writeFile(marker, rel);
