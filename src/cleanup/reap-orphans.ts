@@ -5,6 +5,7 @@ import type { Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import type { EvidencePublisher } from '../evidence/publish-evidence.ts';
 import type { EvidenceStore } from '../evidence/evidence-store.ts';
 import { extractSafely, type ExtractLimits } from '../evidence/safe-extract.ts';
 import { leaseMissingKey, reapedCountKey } from '../redis/redis-keys.ts';
@@ -21,6 +22,8 @@ export interface ReapDeps {
   prefix: string;
   results: ResultsStore;
   evidence: EvidenceStore;
+  /** Copies what is salvaged into the artifact store, for every host to read. @default kept on this host only */
+  publisher?: EvidencePublisher;
   log: Logger;
   callTimeoutMs: number;
   salvageLimits: ExtractLimits;
@@ -99,6 +102,9 @@ async function salvage(deps: ReapDeps, containerId: string, episodeId: string): 
     const deadline = AbortSignal.timeout(deps.callTimeoutMs);
     deadline.addEventListener('abort', () => archive.destroy(), { once: true });
     await untilAborted(extraction, deadline);
+    // Into the artifact store now if it answers in time; else the outbox keeps it for later.
+    await deps.publisher?.publishPath(dest, AbortSignal.timeout(deps.callTimeoutMs))
+      .catch((err: unknown) => deps.log.warn({ containerId, episodeId, err: String(err) }, 'salvaged evidence not yet in the artifact store; the outbox keeps it'));
     return true;
   } catch (err) {
     deps.log.warn({ containerId, episodeId, err: String(err) }, 'salvaging an orphan failed');

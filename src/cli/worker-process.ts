@@ -235,7 +235,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const cleanup = new Worker(
     CLEANUP_QUEUE,
     cleanupProcessor({
-      docker, redis: connection, prefix, results, evidence, log, callTimeoutMs: opts.callTimeoutMs, salvageLimits: snapshotLimits, reapMinAgeMs: 0,
+      docker, redis: connection, prefix, results, evidence, publisher, log, callTimeoutMs: opts.callTimeoutMs, salvageLimits: snapshotLimits, reapMinAgeMs: 0,
       confirmDeadAfterMs: leaseTtlMs,
       runtimeMaxIdleMs: opts.runtimeMaxIdleMs ?? 7 * 24 * 3600 * 1000,
     }),

@@ -116,8 +116,7 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
 
 /** The attempt's evidence into the artifact store, in what is left of its slice; else it waits in the outbox. */
 async function publish(attempt: EpisodeAttempt, deps: EpisodeDeps, signal: AbortSignal): Promise<void> {
-  const rel = path.relative(deps.dataDir, deps.evidence.folder(attempt.job.episodeId, attempt.attempt)).split(path.sep).join('/');
-  await deps.publisher.publish(rel, signal).catch((err: unknown) =>
+  await deps.publisher.publishPath(deps.evidence.folder(attempt.job.episodeId, attempt.attempt), signal).catch((err: unknown) =>
     deps.log.warn({ err: String(err) }, 'evidence not yet in the artifact store; the outbox keeps it for later'));
 }
 

@@ -71,6 +71,11 @@ export class EvidencePublisher {
     return { files: files.length, bytes };
   }
 
+  /** `publish` of a folder given by its absolute path under the data folder. */
+  publishPath(folder: string, signal: AbortSignal): Promise<{ files: number; bytes: number }> {
+    return this.publish(path.relative(this.dataDir, folder).split(path.sep).join('/'), signal);
+  }
+
   /** Copy every folder still in the outbox (each under its own deadline); returns how many went. */
   async drainOutbox(callTimeoutMs: number): Promise<number> {
     if (this.local) return 0;

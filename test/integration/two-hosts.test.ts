@@ -12,6 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { REMOVE_SANDBOX_JOB } from '../../queues/cleanup/contract.ts';
 import { cleanupProcessor, type CleanupProcessorDeps } from '../../queues/cleanup/processor.ts';
 import { openArtifactStore } from '../../src/artifacts/open-store.ts';
+import { imageChecker } from '../../src/cli/queue-clients.ts';
 import type { ArtifactStore } from '../../src/artifacts/artifact-store.ts';
 import { startModelStub, type ModelStub } from '../../src/model/model-stub.ts';
 import { checkpointLatestKey } from '../../src/redis/redis-keys.ts';
@@ -125,6 +126,17 @@ describe.each(['s3', 'shared folder'] as const)('two hosts, one fleet (%s store)
     expect(page).toContain('Hello'); // the verifier's output: "ok: Hello, world!"
     const hosts = (await (await fetch(`${dashboard.url}/hosts.json`)).json()) as { workers: { workerId: string }[] };
     expect(hosts.workers.map((w) => w.workerId)).toContain('host-b');
+
+    // enqueue checks a task's image against the live hosts: an image only host B's engine has is
+    // accepted although the local engine lacks it; one no live host has is refused.
+    const onlyOnB = `rollout-fleet/only-on-b:${kind === 's3' ? 's3' : 'folder'}`;
+    const [repo, tag] = onlyOnB.split(':') as [string, string];
+    await engineB.docker.getImage(DEFAULT_IMAGE).tag({ repo, tag });
+    await waitFor('host B to report the new image', async () => (await readHostFacts(env.client, env.prefix)).some((f) => f.images.includes(onlyOnB)), 30_000);
+    const check = imageChecker(docker, { redis: env.client, prefix: env.prefix });
+    expect(await imageChecker(docker)(onlyOnB)).toBe(false);
+    expect(await check(onlyOnB)).toBe(true);
+    expect(await imageChecker(docker, { redis: env.client, prefix: env.prefix })('rollout-fleet/on-no-host:1')).toBe(false);
   });
 
   it('leaves a sandbox\'s removal to a worker of its own engine: another host\'s worker does not count it removed', async () => {
