@@ -17,7 +17,11 @@ export function storeIsDataDir(store: ArtifactStore, dataDir: string): boolean {
 }
 
 async function filesUnder(root: string, rel: string): Promise<string[]> {
-  const entries = await readdir(path.join(root, rel), { withFileTypes: true }).catch(() => []);
+  // Only a folder that is not there is empty: any other error (EMFILE, EACCES) must not pass for "nothing to copy".
+  const entries = await readdir(path.join(root, rel), { withFileTypes: true }).catch((err: unknown) => {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+    throw err;
+  });
   const out: string[] = [];
   for (const e of entries) {
     // A key segment never starts with `.` (checkKey): dot files and dot folders (a workspace's .git,
