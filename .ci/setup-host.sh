@@ -61,4 +61,6 @@ npm run build --silent
 
 # The sandbox image, from busybox-static: no libc, starts in a fraction of a second.
 bash .ci/build-sandbox-image.sh
+# The fleet's own images for docker-compose, built offline from this host (no registry here).
+bash .ci/build-fleet-images.sh
 log "ready: $("$docker_cli" version --format 'docker engine {{.Server.Version}}'), redis $(redis-server --version | grep -o 'v=[0-9.]*' | cut -c3-)"

@@ -42,6 +42,7 @@ export const MODEL_STUB_OPTIONS = {
   tasks: { type: 'string' },
   'wrong-fraction': { type: 'string' },
   'require-key': { type: 'string' },
+  'any-host': { type: 'boolean' },
   'fail-first': { type: 'string' },
   'delay-ms': { type: 'string' },
   'stream-chunk-delay-ms': { type: 'string' },
@@ -128,14 +129,16 @@ summary and for every sandbox to be removed, and stops what it started. Needs a 
     load: async () => (await import('./demo.ts')).demoCommand,
   },
   'model-stub': {
-    synopsis: `(--port N [--host H] | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K]
+    synopsis: `(--port N [--host H [--any-host]] | --socket PATH) --tasks DIR [--wrong-fraction F] [--require-key K]
                                            [--fail-first N] [--delay-ms N] [--stream-chunk-delay-ms N]
                                            [--rate-limit-rpm N]`,
     summary: 'the scripted policy server that stands in for a model',
     about: `Serves chat completions that solve the tasks under DIR with their solution/; prints its base URL
 (or unix:PATH) and runs until SIGTERM.`,
     optionHelp: `  --port N          listen on this TCP port (0: any free one)
-  --host H          with --port: the address to listen on (default 127.0.0.1)
+  --host H          with --port: the address to listen on (default 127.0.0.1; loopback only
+                    unless --any-host)
+  --any-host        allow a --host that is not loopback (a container network nothing else reaches)
   --socket PATH     listen on a Unix socket instead
   --tasks DIR       the task folders whose solutions it plays
   --wrong-fraction F  share of episodes (0 to 1, by episode id) finished without solving

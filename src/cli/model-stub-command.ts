@@ -39,7 +39,7 @@ export async function modelStubCommand(cli: Cli, args: string[]): Promise<number
 
   const stub = await startModelStub({
     tasksDir: values.tasks,
-    listen: port !== undefined ? { port, host: values.host } : { socketPath: path.resolve(values.socket!) },
+    listen: port !== undefined ? { port, host: values.host, anyHost: values['any-host'] === true } : { socketPath: path.resolve(values.socket!) },
     wrongFraction,
     requireKey: values['require-key'],
     failFirst,

@@ -38,7 +38,11 @@ export interface ModelStubOptions {
   /** A task folder, or a folder of task folders; solutions are read from here, on the host. */
   tasksDir: string;
   /** Loopback TCP (port 0 picks a free one) or a Unix socket. */
-  listen: { port: number; host?: string } | { socketPath: string };
+  /**
+   * Loopback TCP (port 0 picks a free one) or a Unix socket. `anyHost` allows another address, for a
+   * stub in a container network that only the fleet's containers reach (docker-compose.yml).
+   */
+  listen: { port: number; host?: string | undefined; anyHost?: boolean } | { socketPath: string };
   /** Share of episodes (by a hash of the episode id) that finish without solving. @default 0 */
   wrongFraction?: number;
   /** Answer 401 unless `Authorization: Bearer <requireKey>` comes with a model call. */
@@ -86,8 +90,8 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
   if (!(wrongFraction >= 0 && wrongFraction <= 1)) {
     throw new TypeError(`Expected \`wrongFraction\` to be a number from 0 to 1, got \`${String(wrongFraction)}\` (${typeof wrongFraction})`);
   }
-  if ('port' in opts.listen && !LOOPBACK.has(opts.listen.host ?? '127.0.0.1')) {
-    throw new TypeError(`Expected \`listen.host\` to be a loopback address, got ${JSON.stringify(opts.listen.host)}`);
+  if ('port' in opts.listen && !LOOPBACK.has(opts.listen.host ?? '127.0.0.1') && opts.listen.anyHost !== true) {
+    throw new TypeError(`Expected \`listen.host\` to be a loopback address (or \`listen.anyHost\`), got ${JSON.stringify(opts.listen.host)}`);
   }
   const delayMs = opts.delayMs ?? 0;
   if (!Number.isInteger(delayMs) || delayMs < 0) {

@@ -1,0 +1,126 @@
+// docker-compose.yml started for real, with the images built offline from this host
+// (.ci/build-fleet-images.sh, docker-compose.offline.yml): Redis, three worker replicas, the dashboard
+// and the model stub. The demo batch is enqueued from the host's CLI and runs through the worker
+// containers (sandboxes created through the mounted socket, the runtime generation prepared from
+// inside a container, the proxy's socket folder bound at the same path on both sides). One worker
+// container is stopped mid-batch: it drains (exit 0) and its episodes finish on the others, each
+// episode once. `docker-compose stop` drains them all with exit 0; `down -v` leaves nothing of the
+// stack or the fleet behind.
+import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtemp } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
+import { ResultsStore } from '../../src/results/results-store.ts';
+import { LABEL } from '../../src/sandbox/labels.ts';
+import { ROOT, docker, runCli, waitFor } from '../helpers/fleet.ts';
+import { closedPort } from '../helpers/model.ts';
+
+const run = promisify(execFile);
+const USER = 'ops';
+const PASSWORD = `pw-${randomBytes(6).toString('hex')}`;
+
+describe('docker-compose stack, started for real', () => {
+  const project = `rfc${randomBytes(3).toString('hex')}`;
+  let env: NodeJS.ProcessEnv;
+  let redis: Redis;
+  let queue: Queue;
+  let results: ResultsStore;
+  let dashboardUrl: string;
+  const started = performance.now();
+
+  const compose = (...args: string[]) =>
+    run('docker-compose', ['-p', project, '-f', path.join(ROOT, 'docker-compose.yml'), '-f', path.join(ROOT, 'docker-compose.offline.yml'), '--project-directory', ROOT, ...args], { env, maxBuffer: 16 * 1024 * 1024 });
+  const projectContainers = async (service?: string) =>
+    docker.listContainers({ all: true, filters: { label: [`com.docker.compose.project=${project}`, ...(service ? [`com.docker.compose.service=${service}`] : [])] } });
+  const sandboxes = () => docker.listContainers({ all: true, filters: { label: [`${LABEL.fleet}=${project}`] } });
+
+  beforeAll(async () => {
+    await run('bash', [path.join(ROOT, '.ci/build-fleet-images.sh')]);
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), 'rf-compose-'));
+    const [redisPort, dashboardPort] = [await closedPort(), await closedPort()];
+    const base = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('FLEET_') && !k.startsWith('MODEL_') && k !== 'REDIS_URL'));
+    env = {
+      ...base, FLEET_DASHBOARD_USER: USER, FLEET_DASHBOARD_PASSWORD: PASSWORD, FLEET_DATA_DIR: dataDir, FLEET_PREFIX: project,
+      FLEET_REDIS_PORT: String(redisPort), FLEET_DASHBOARD_PORT: String(dashboardPort),
+      // Episodes long enough to be stopped in the middle; a short drain, so a stopped worker hands them back.
+      MODEL_STUB_DELAY_MS: '700', FLEET_DRAIN_TIMEOUT_MS: '1000', LOG_LEVEL: 'warn',
+    };
+    dashboardUrl = `http://127.0.0.1:${dashboardPort}`;
+    await compose('up', '-d', '--no-build', '--scale', 'worker=3');
+    redis = new Redis(`redis://127.0.0.1:${redisPort}`, { maxRetriesPerRequest: null, lazyConnect: true });
+    // Refused until the stack's Redis is up: polled below, not reported.
+    redis.on('error', () => undefined);
+    await waitFor('Redis of the stack', async () => redis.connect().then(() => true, () => false), 60_000, 200);
+    queue = new Queue(EPISODES_QUEUE, { connection: redis, prefix: project });
+    results = new ResultsStore(redis, project, dataDir);
+  }, 300_000);
+  afterAll(async () => {
+    await queue?.close();
+    redis?.disconnect();
+    await compose('down', '-v', '--remove-orphans').catch(() => undefined);
+    // The runtime generation is a cache the workers keep on purpose (the reaper removes idle ones).
+    const { Volumes } = await docker.listVolumes({ filters: { label: [`rollout-fleet.prefix=${project}`] } });
+    for (const v of Volumes ?? []) await docker.getVolume(v.Name).remove().catch(() => undefined);
+    for (const c of await sandboxes()) await docker.getContainer(c.Id).remove({ force: true }).catch(() => undefined);
+    console.log(`compose stack test: ${((performance.now() - started) / 1000).toFixed(1)} s`);
+  });
+
+  it('runs the demo batch on three worker replicas, survives a stopped worker, and goes away whole', async () => {
+    await waitFor('three worker containers connected', async () => (await queue.getWorkers()).length >= 3, 120_000, 250);
+    // The dashboard: 401 without credentials, 200 with.
+    const auth = `Basic ${Buffer.from(`${USER}:${PASSWORD}`).toString('base64')}`;
+    await waitFor('the dashboard', async () => (await fetch(`${dashboardUrl}/healthz`).then((r) => r.ok, () => false)), 60_000, 250);
+    expect((await fetch(`${dashboardUrl}/batches`)).status).toBe(401);
+    expect((await fetch(`${dashboardUrl}/batches`, { headers: { authorization: auth } })).status).toBe(200);
+
+    // The demo batch, from the host's CLI.
+    const cliEnv = { ...env, REDIS_URL: `redis://127.0.0.1:${env.FLEET_REDIS_PORT}` };
+    const enqueued = await runCli(['enqueue', path.join(ROOT, 'examples/demo-batch.yaml'), '--json'], cliEnv);
+    expect(enqueued.code, enqueued.stderr).toBe(0);
+    const batchId = (JSON.parse(enqueued.stdout) as { batchId?: string }).batchId;
+    expect(batchId, enqueued.stdout).toBeDefined();
+    const manifest = await waitFor('the batch manifest', async () => results.getManifest(batchId!));
+
+    // Stop the worker container that runs an episode, mid-episode.
+    const busy = await waitFor('a sandbox of the batch', async () => (await sandboxes()).find((c) => c.State === 'running' && c.Labels[LABEL.batch] === batchId), 120_000, 100);
+    const workerId = busy.Labels[LABEL.worker]!;
+    const running = (await sandboxes()).filter((c) => c.Labels[LABEL.worker] === workerId).map((c) => c.Labels[LABEL.episode]!);
+    const victim = (await projectContainers('worker')).find((c) => workerId.startsWith(c.Id.slice(0, 12)));
+    expect(victim, `worker ${workerId} among ${(await projectContainers('worker')).map((c) => c.Id.slice(0, 12)).join(', ')}`).toBeDefined();
+    await docker.getContainer(victim!.Id).stop({ t: 60 });
+    const stopped = await docker.getContainer(victim!.Id).inspect();
+    expect(stopped.State.ExitCode, 'a drained worker exits 0').toBe(0);
+
+    // Every episode ends once; those the stopped worker ran end on the others.
+    const all = await waitFor('every result', async () => {
+      const got = await results.results(batchId!);
+      return got.length >= manifest.episodeIds.length ? got : undefined;
+    }, 240_000, 500);
+    expect(all).toHaveLength(manifest.episodeIds.length);
+    expect(new Set(all.map((r) => r.episodeId)).size).toBe(manifest.episodeIds.length);
+    for (const r of all) {
+      expect([r.status, r.reward], `${r.episodeId}: ${JSON.stringify(r.error)}`).toEqual(r.taskId === 'reverse-lines' ? ['failed', 0] : ['passed', 1]);
+    }
+    for (const episodeId of running) {
+      expect(all.find((r) => r.episodeId === episodeId)?.workerId, episodeId).not.toBe(workerId);
+    }
+    await waitFor('every sandbox removed', async () => (await sandboxes()).length === 0, 60_000, 250);
+
+    // `docker-compose stop` drains every worker: exit 0.
+    await compose('stop');
+    for (const c of await projectContainers('worker')) {
+      expect((await docker.getContainer(c.Id).inspect()).State.ExitCode, c.Names.join()).toBe(0);
+    }
+    await compose('down', '-v');
+    expect(await projectContainers()).toEqual([]);
+    expect((await docker.listNetworks()).filter((n) => n.Name.startsWith(`${project}_`))).toEqual([]);
+    expect(((await docker.listVolumes()).Volumes ?? []).filter((v) => v.Name.startsWith(`${project}_`))).toEqual([]);
+    expect(await sandboxes()).toEqual([]);
+  });
+});
