@@ -62,7 +62,7 @@ describe('docker-compose.yml', () => {
     // The stub's command is one the CLI takes (run here with a free port and this repository's tasks),
     // and the workers point at it unless a real endpoint is configured.
     const stubArgs = s['model-stub']!.command as string[];
-    expect(stubArgs).toEqual(['model-stub', '--port', '8000', '--host', '0.0.0.0', '--tasks', '/opt/rollout-fleet/examples/tasks']);
+    expect(stubArgs).toEqual(['model-stub', '--port', '8000', '--host', '0.0.0.0', '--any-host', '--tasks', '/opt/rollout-fleet/examples/tasks', '--delay-ms', '0']);
     const local = stubArgs.map((a) => (a === '8000' ? '0' : a === '0.0.0.0' ? '127.0.0.1' : a.replace('/opt/rollout-fleet/', ROOT)));
     const stub = spawn(process.execPath, [BIN, ...local], { stdio: ['ignore', 'pipe', 'ignore'], env: { ...process.env, LOG_LEVEL: 'silent' } });
     const [firstLine] = (await once(stub.stdout!, 'data')) as [Buffer];

@@ -107,8 +107,10 @@ describe.each(['s3', 'shared folder'] as const)('two hosts, one fleet (%s store)
     expect(result!.provenance.imageId).toBeDefined();
 
     // Once the episode has its result no checkpoint of it is left in the store (nor its pointer).
-    await waitFor('the checkpoints to be removed', async () => (await store.list(`checkpoints/${episodeId}/`, { signal: AbortSignal.timeout(10_000) })).length === 0, 30_000);
-    expect(await env.client.exists(checkpointLatestKey(env.prefix, episodeId))).toBe(0);
+    // (Objects first, then the pointer: the removal's two steps, so both are waited for.)
+    await waitFor('the checkpoints to be removed', async () =>
+      (await store.list(`checkpoints/${episodeId}/`, { signal: AbortSignal.timeout(10_000) })).length === 0
+      && (await env.client.exists(checkpointLatestKey(env.prefix, episodeId))) === 0, 30_000);
 
     // Host B's facts: its engine, its images, its runtime generation.
     const facts = await waitFor('host B to report its facts', async () => (await readHostFacts(env.client, env.prefix)).find((f) => f.workerId === 'host-b' && f.runtimeGeneration !== undefined));
