@@ -67,6 +67,12 @@ export const batchManifestKey = (prefix: string, batchId: string) => `${prefix}:
 /** Hash: episode id -> its result (JSON). */
 export const batchResultsKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:results`;
 
+/**
+ * Stream: the batch's results in completion order, one entry (`episodeId`, `status`, `reward`) per
+ * recorded result, added atomically with it; its entry ids are the cursors of a result stream.
+ */
+export const batchCompletionsKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:completions`;
+
 /** String: the batch summary, stored once its last episode ended. */
 export const batchSummaryKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:summary`;
 

@@ -8,7 +8,7 @@ import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { EpisodeResult } from '../../queues/episodes/contract.ts';
 import { writeFileAtomic } from '../files/atomic-write.ts';
-import { batchesKey, batchManifestKey, batchResultsKey, batchSummaryKey, episodeRetryKey } from '../redis/redis-keys.ts';
+import { batchCompletionsKey, batchesKey, batchManifestKey, batchResultsKey, batchSummaryKey, episodeRetryKey } from '../redis/redis-keys.ts';
 import { summarize, type BatchSummary } from './batch-summary.ts';
 
 export const BatchManifest = z.object({
@@ -28,6 +28,25 @@ const RETRY_MARK_TTL_SEC = 8 * 24 * 3600;
  * KEYS[1] batch results hash; KEYS[2] retry mark; ARGV[1] episode id.
  * Returns the result still recorded (JSON), or false when there is none (none recorded, or just forgotten).
  */
+/**
+ * Record a result once, and append it to the batch's completion stream in the same step, so a reader of
+ * the stream never misses a recorded result nor sees one twice.
+ * KEYS[1] results hash; KEYS[2] completions stream; ARGV[1] episode id; ARGV[2] result JSON;
+ * ARGV[3] status; ARGV[4] reward ('' when none). Returns the stream entry id, or false when it had a result.
+ */
+const RECORD_RESULT = `
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return false end
+return redis.call('XADD', KEYS[2], '*', 'episodeId', ARGV[1], 'status', ARGV[3], 'reward', ARGV[4])`;
+
+/** One entry of a batch's completion stream. */
+export interface Completion {
+  /** The stream entry id: pass it back as `after` to read on from there. */
+  cursor: string;
+  episodeId: string;
+  status: string;
+  reward: number | null;
+}
+
 const RESULT_UNLESS_RETRIED = `
 if redis.call('DEL', KEYS[2]) == 1 then
   redis.call('HDEL', KEYS[1], ARGV[1])
@@ -104,7 +123,11 @@ export class ResultsStore {
 
   /** Record an episode's result; false (and nothing written) when it already had one. */
   async record(result: EpisodeResult): Promise<boolean> {
-    const first = await this.redis.hsetnx(this.resultsKey(result.batchId), result.episodeId, JSON.stringify(result));
+    const entry = await this.redis.eval(
+      RECORD_RESULT, 2, this.resultsKey(result.batchId), batchCompletionsKey(this.prefix, result.batchId),
+      result.episodeId, JSON.stringify(result), result.status, result.reward === null ? '' : String(result.reward),
+    );
+    const first = entry === null ? 0 : 1;
     if (first === 1) {
       await writeFileAtomic(this.resultFile(result.batchId, result.episodeId), `${JSON.stringify(result, null, 2)}\n`);
       // A result after the batch's summary was stored (a retried episode) refreshes the summary.
@@ -145,6 +168,24 @@ export class ResultsStore {
   async resultUnlessRetried(batchId: string, episodeId: string): Promise<EpisodeResult | undefined> {
     const raw = (await this.redis.eval(RESULT_UNLESS_RETRIED, 2, this.resultsKey(batchId), episodeRetryKey(this.prefix, episodeId), episodeId)) as string | null;
     return raw === null ? undefined : EpisodeResult.parse(JSON.parse(raw));
+  }
+
+  /**
+   * The batch's completions after `after` (a cursor; '0' from the start), oldest first, at most `count`.
+   * With `blockMs`, waits that long for the first one when there is none yet (XREAD BLOCK).
+   */
+  async completions(batchId: string, after = '0', opts: { count?: number; blockMs?: number } = {}, connection: Redis = this.redis): Promise<Completion[]> {
+    const key = batchCompletionsKey(this.prefix, batchId);
+    const count = opts.count ?? 500;
+    // A blocking read holds its connection: callers that block pass one of their own.
+    const reply = opts.blockMs !== undefined
+      ? await connection.xread('COUNT', count, 'BLOCK', opts.blockMs, 'STREAMS', key, after)
+      : [[key, await connection.xrange(key, after === '0' ? '-' : `(${after}`, '+', 'COUNT', count)]];
+    const entries = (reply?.[0]?.[1] ?? []) as [string, string[]][];
+    return entries.map(([cursor, fields]) => {
+      const f = Object.fromEntries(fields.reduce<[string, string][]>((acc, v, i) => (i % 2 === 0 ? [...acc, [v, fields[i + 1]!]] : acc), []));
+      return { cursor, episodeId: f.episodeId!, status: f.status!, reward: f.reward === '' || f.reward === undefined ? null : Number(f.reward) };
+    });
   }
 
   /** How many episodes of the batch have a result, without reading them. */

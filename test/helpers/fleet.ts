@@ -2,7 +2,7 @@
 // folder per test, worker processes started through the real CLI, and checks that nothing leaked.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -52,6 +52,15 @@ export interface FleetEnv {
   close(): Promise<void>;
 }
 
+/**
+ * Remove a test data folder's runtime inputs cache (a patched copy of node, about 95 MB): every worker
+ * with a fresh data folder makes one, and left behind they fill the disk over repeated runs. The
+ * evidence and results stay for a look after a failure.
+ */
+export async function dropRuntimeCache(dataDir: string): Promise<void> {
+  await rm(path.join(dataDir, 'runtime-src'), { recursive: true, force: true });
+}
+
 /** A private Redis, a unique prefix and data folder; one per test file (or test). */
 export async function startFleetEnv(opts: { durable?: boolean } = {}): Promise<FleetEnv> {
   return fleetEnvOn(await startPrivateRedis(opts));
@@ -89,6 +98,7 @@ export async function fleetEnvOn(redis: PrivateRedis, opts: { prefix?: string; d
       await Promise.all((Volumes ?? []).map((v) => docker.getVolume(v.Name).remove().catch(() => undefined)));
       // env.redis, not the first one: a test may have restarted Redis on the same port.
       await fleetEnv.redis.stop();
+      await dropRuntimeCache(dataDir);
     },
   };
   return fleetEnv;

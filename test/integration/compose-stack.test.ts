@@ -18,7 +18,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
 import { ResultsStore } from '../../src/results/results-store.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
-import { ROOT, docker, runCli, waitFor } from '../helpers/fleet.ts';
+import { ROOT, docker, dropRuntimeCache, runCli, waitFor } from '../helpers/fleet.ts';
 import { closedPort } from '../helpers/model.ts';
 
 const run = promisify(execFile);
@@ -68,6 +68,7 @@ describe('docker-compose stack, started for real', () => {
     const { Volumes } = await docker.listVolumes({ filters: { label: [`rollout-fleet.prefix=${project}`] } });
     for (const v of Volumes ?? []) await docker.getVolume(v.Name).remove().catch(() => undefined);
     for (const c of await sandboxes()) await docker.getContainer(c.Id).remove({ force: true }).catch(() => undefined);
+    if (env?.FLEET_DATA_DIR) await dropRuntimeCache(env.FLEET_DATA_DIR);
     console.log(`compose stack test: ${((performance.now() - started) / 1000).toFixed(1)} s`);
   });
 

@@ -20,7 +20,7 @@ import { engineId } from '../../src/sandbox/docker-client.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
 import { readHostFacts } from '../../src/worker/host-facts.ts';
-import { EXAMPLES, docker, enqueueFile, silentLog, spawnDashboard, spawnWorker, startFleetEnv, waitFor, waitForResults, type Dashboard, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import { EXAMPLES, docker, dropRuntimeCache, enqueueFile, silentLog, spawnDashboard, spawnWorker, startFleetEnv, waitFor, waitForResults, type Dashboard, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
 import { startS3Server, type S3TestServer } from '../helpers/s3-server.ts';
 import { createSecondEngine, type SecondEngine } from '../helpers/second-engine.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
@@ -63,6 +63,7 @@ describe.each(['s3', 'shared folder'] as const)('two hosts, one fleet (%s store)
     await s3?.stop();
     await engineB?.destroy();
     await env?.close();
+    await Promise.all([dataA, dataB].filter(Boolean).map((d) => dropRuntimeCache(d)));
   });
 
   const hostEnv = (dataDir: string, dockerHost: string | undefined) => ({

@@ -1,0 +1,208 @@
+// The typed client a trainer uses from TypeScript: enqueue a batch (a batch file, or a batch object
+// naming task folders), follow its results as they finish (an async iterator over the batch's
+// completion stream in Redis: completion order, resumable from a cursor, never the same entry twice,
+// across Redis reconnects and restarts), with a group event once every sample of a task has ended;
+// status, cancel, retry by kind. Exported by the package as `rollout-fleet/client`.
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
+import { FlowProducer, Queue } from 'bullmq';
+import { Redis } from 'ioredis';
+import { stringify } from 'yaml';
+import { EPISODES_QUEUE, type EpisodeResult } from '../../queues/episodes/contract.ts';
+import { EpisodeControl } from '../episode/episode-control.ts';
+import type { FailureKind } from '../errors/failure-kind.ts';
+import { cancelEpisode, type CancelOutcome } from '../producer/cancel-episodes.ts';
+import { enqueueBatch, type EnqueuedBatch } from '../producer/enqueue-batch.ts';
+import { retryByKind, type RetryReport } from '../producer/retry-by-kind.ts';
+import { summarize, type BatchSummary } from '../results/batch-summary.ts';
+import { ResultsStore } from '../results/results-store.ts';
+import type { BatchFile } from '../tasks/batch-spec.ts';
+import { loadBatch } from '../tasks/load-task.ts';
+
+export type { EpisodeResult } from '../../queues/episodes/contract.ts';
+export type { BatchSummary } from '../results/batch-summary.ts';
+
+export interface FleetClientOptions {
+  redisUrl: string;
+  /** The fleet's key prefix (FLEET_PREFIX). @default 'rf' */
+  prefix?: string;
+  /** Where result files are written by this client's records (rarely used). @default the temp folder */
+  dataDir?: string;
+  /** Checks an image before enqueueing; unset, images are not checked here (workers refuse unknown ones). */
+  imageExists?: (image: string) => Promise<boolean | undefined>;
+}
+
+/** What the results iterator yields. */
+export type BatchEvent =
+  | { kind: 'result'; cursor: string; result: EpisodeResult }
+  /** Every sample of `taskId` in the batch has ended (sent once per task, after its last result). */
+  | { kind: 'group'; cursor: string; taskId: string; rewards: (number | null)[]; results: EpisodeResult[] };
+
+/** A batch as an object: task folders are absolute paths; the rest as in a batch file. */
+export type BatchSpec = Omit<BatchFile, 'samples' | 'defaults'> & Partial<Pick<BatchFile, 'samples' | 'defaults'>> & { name: string };
+
+const taskOf = (episodeId: string, batchId: string) => episodeId.slice(batchId.length + 1).replace(/\.\d+$/, '');
+
+export class FleetClient {
+  private constructor(
+    private readonly redis: Redis,
+    /** XREAD BLOCK holds its connection: the iterator reads on its own one. */
+    private readonly reader: Redis,
+    private readonly prefix: string,
+    private readonly store: ResultsStore,
+    private readonly opts: FleetClientOptions,
+  ) {}
+
+  static async connect(opts: FleetClientOptions): Promise<FleetClient> {
+    const prefix = opts.prefix ?? 'rf';
+    const redis = new Redis(opts.redisUrl, { maxRetriesPerRequest: null, connectionName: 'rf-client' });
+    const reader = redis.duplicate({ connectionName: 'rf-client-reader' });
+    // Connection errors are retried by ioredis (and by the iterator); they are not the caller's.
+    for (const r of [redis, reader]) r.on('error', () => undefined);
+    await redis.ping();
+    return new FleetClient(redis, reader, prefix, new ResultsStore(redis, prefix, opts.dataDir ?? os.tmpdir()), opts);
+  }
+
+  /** Enqueue a batch file, or a batch object (written to a temp file and read as one). Idempotent. */
+  async enqueue(batch: string | BatchSpec): Promise<EnqueuedBatch> {
+    let file = typeof batch === 'string' ? batch : undefined;
+    let dir: string | undefined;
+    if (typeof batch !== 'string') {
+      dir = await mkdtemp(path.join(os.tmpdir(), 'rf-client-'));
+      file = path.join(dir, `${batch.name}.yaml`);
+      await writeFile(file, stringify(batch));
+    }
+    const flows = new FlowProducer({ connection: this.redis, prefix: this.prefix });
+    flows.on('error', () => undefined);
+    try {
+      return await enqueueBatch(await loadBatch(file!), {
+        flows, redis: this.redis, prefix: this.prefix, results: this.store,
+        imageExists: this.opts.imageExists ?? (async () => undefined),
+      });
+    } finally {
+      await flows.close();
+      if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  /** The batch's summary so far, or undefined for an unknown batch. */
+  async status(batchId: string): Promise<BatchSummary | undefined> {
+    const manifest = await this.store.getManifest(batchId);
+    if (manifest === undefined) return undefined;
+    return summarize(batchId, manifest.episodeIds.length, await this.store.results(batchId));
+  }
+
+  /**
+   * The batch's results as they finish, in completion order, from after `after` (a cursor a previous
+   * event carried; '0' from the start), and a group event once all samples of a task have ended. Ends
+   * when every episode has a result and all were delivered; `signal` ends it early. Survives Redis
+   * going away (it waits and reads on from its cursor).
+   */
+  async *results(batchId: string, opts: { after?: string; signal?: AbortSignal; blockMs?: number } = {}): AsyncGenerator<BatchEvent> {
+    let cursor = opts.after ?? '0';
+    const manifest = await this.retrying(() => this.store.getManifest(batchId), opts.signal);
+    if (manifest === undefined) throw new TypeError(`batchId: no batch ${JSON.stringify(batchId)}`);
+    const samples = new Map<string, number>();
+    for (const id of manifest.episodeIds) samples.set(taskOf(id, batchId), (samples.get(taskOf(id, batchId)) ?? 0) + 1);
+    // Groups already complete before the cursor were announced then: known from what precedes it.
+    const before = cursor === '0' ? [] : await this.retrying(() => this.completionsUpTo(batchId, cursor), opts.signal);
+    const ended = new Map<string, Set<string>>();
+    const mark = (episodeId: string) => {
+      const task = taskOf(episodeId, batchId);
+      const set = ended.get(task) ?? new Set<string>();
+      set.add(episodeId);
+      ended.set(task, set);
+      return { task, done: set.size === samples.get(task) };
+    };
+    const announced = new Set<string>();
+    for (const id of before) if (mark(id).done) announced.add(taskOf(id, batchId));
+    for (;;) {
+      opts.signal?.throwIfAborted();
+      const batch = await this.retrying(() => this.store.completions(batchId, cursor, { blockMs: opts.blockMs ?? 2_000 }, this.reader), opts.signal);
+      for (const c of batch) {
+        cursor = c.cursor;
+        const result = await this.retrying(() => this.store.get(batchId, c.episodeId), opts.signal);
+        if (result === undefined) continue; // forgotten since (a retry by kind): its next result comes later
+        yield { kind: 'result', cursor, result };
+        const { task, done } = mark(c.episodeId);
+        if (done && !announced.has(task)) {
+          announced.add(task);
+          const results = (await this.retrying(() => this.store.results(batchId), opts.signal)).filter((r) => taskOf(r.episodeId, batchId) === task);
+          yield { kind: 'group', cursor, taskId: task, rewards: results.map((r) => r.reward), results };
+        }
+      }
+      if (batch.length === 0 && (await this.retrying(() => this.store.resultCount(batchId), opts.signal)) >= manifest.episodeIds.length) {
+        // Everything recorded; one more read makes sure nothing arrived after the last one read.
+        const rest = await this.retrying(() => this.store.completions(batchId, cursor), opts.signal);
+        if (rest.length === 0) return;
+      }
+    }
+  }
+
+  private async completionsUpTo(batchId: string, cursor: string): Promise<string[]> {
+    const ids: string[] = [];
+    let from = '0';
+    for (;;) {
+      const page = await this.store.completions(batchId, from, { count: 1_000 });
+      for (const c of page) {
+        if (compareIds(c.cursor, cursor) > 0) return ids;
+        ids.push(c.episodeId);
+      }
+      if (page.length === 0) return ids;
+      from = page.at(-1)!.cursor;
+    }
+  }
+
+  /** Run a Redis read until it succeeds (Redis away, restarting), or the signal aborts. */
+  private async retrying<T>(read: () => Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+    for (let wait = 100; ; wait = Math.min(2_000, wait * 2)) {
+      signal?.throwIfAborted();
+      try {
+        return await read();
+      } catch (err) {
+        if (signal?.aborted) throw signal.reason;
+        if (err instanceof TypeError) throw err;
+        await delay(wait + Math.floor(Math.random() * 50), undefined, signal ? { signal } : undefined);
+      }
+    }
+  }
+
+  /** Cancel episodes of the batch (all when none named). */
+  async cancel(batchId: string, episodeIds?: string[]): Promise<Record<string, CancelOutcome>> {
+    const manifest = await this.store.getManifest(batchId);
+    if (manifest === undefined) throw new TypeError(`batchId: no batch ${JSON.stringify(batchId)}`);
+    const queue = new Queue(EPISODES_QUEUE, { connection: this.redis, prefix: this.prefix });
+    try {
+      const deps = { queue, results: this.store, control: new EpisodeControl(this.redis, this.prefix), by: `client-${randomBytes(3).toString('hex')}` };
+      const out: Record<string, CancelOutcome> = {};
+      for (const id of episodeIds ?? manifest.episodeIds) out[id] = await cancelEpisode(deps, id);
+      return out;
+    } finally {
+      await queue.close();
+    }
+  }
+
+  /** Run again the batch's episodes that failed with `kind`. */
+  async retryByKind(batchId: string, kind: FailureKind): Promise<RetryReport> {
+    const queue = new Queue(EPISODES_QUEUE, { connection: this.redis, prefix: this.prefix });
+    try {
+      return await retryByKind({ queue, redis: this.redis, prefix: this.prefix, results: this.store, control: new EpisodeControl(this.redis, this.prefix) }, batchId, kind);
+    } finally {
+      await queue.close();
+    }
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([this.redis, this.reader].map((r) => r.quit().catch(() => r.disconnect())));
+  }
+}
+
+/** Order of two stream entry ids (`<ms>-<seq>`). */
+function compareIds(a: string, b: string): number {
+  const [am, as] = a.split('-').map(Number) as [number, number];
+  const [bm, bs] = b.split('-').map(Number) as [number, number];
+  return am - bm || (as ?? 0) - (bs ?? 0);
+}
