@@ -9,12 +9,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { WorkerHandle } from '../../src/cli/worker-process.ts';
 import type { ModelCallRecord } from '../../src/model/call-evidence.ts';
 import { TRAJECTORY_FILE, type Trajectory } from '../../src/evidence/trajectory.ts';
+import type { TrajectoryRecord } from '../../src/results/trajectory-export.ts';
 import { ChatRequest } from '../../src/model/chat-protocol.ts';
 import { MODEL_CALLS_FILE } from '../../src/model/model-proxy.ts';
 import { startModelStub, type ModelStub } from '../../src/model/model-stub.ts';
 import { stubTokens } from '../../src/model/stub-tokens.ts';
 import { RUNTIME_MOUNT_PATH } from '../../src/runtime/runtime-inputs.ts';
-import { EXAMPLES, ROOT, enqueueFile, silentLog, startEnvWorker, startFleetEnv, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import { EXAMPLES, ROOT, enqueueFile, runCli, silentLog, startEnvWorker, startFleetEnv, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const TASK = path.join(EXAMPLES, 'tasks', 'fix-greeting');
@@ -80,6 +81,19 @@ describe('token-exact capture', () => {
       turns += await check(r.episodeId);
     }
     expect(turns).toBeGreaterThanOrEqual(3 * results.length);
+
+    // `results --format trajectories`: one line per episode, its result and its trajectory, unchanged.
+    const exported = await runCli(['results', plan.batchId, '--format', 'trajectories'], env.env);
+    expect(exported.code, exported.stderr).toBe(0);
+    const records = exported.stdout.trim().split('\n').map((l) => JSON.parse(l) as TrajectoryRecord);
+    expect(records.map((r) => r.episodeId).sort()).toEqual(results.map((r) => r.episodeId).sort());
+    for (const record of records) {
+      const result = results.find((r) => r.episodeId === record.episodeId)!;
+      expect(record).toMatchObject({ taskId: result.taskId, status: result.status, reward: result.reward, attempts: result.attempts });
+      const onDisk = JSON.parse(await readFile(path.join(env.dataDir, 'evidence', record.episodeId, 'attempt-1', TRAJECTORY_FILE), 'utf8')) as Trajectory;
+      expect(record.trajectory).toEqual(onDisk);
+      expect(record.trajectory!.turns.every((t) => (t.completionTokenIds?.length ?? 0) > 0)).toBe(true);
+    }
   });
 
   it('reaches them unchanged for a streaming agent on the openai package', async () => {
