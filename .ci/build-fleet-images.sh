@@ -45,11 +45,19 @@ base_rootfs() {
   printf 'root:x:0:\nnogroup:x:65534:\n' >"$dest/etc/group"
 }
 
+# The image a rebuild replaces is removed (it would stay as a dangling 200 MB layer otherwise).
+drop_replaced() {
+  local old=$1 image=$2 new
+  new=$("$docker_cli" image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
+  if [ -n "$old" ] && [ "$old" != "$new" ]; then "$docker_cli" rmi "$old" >/dev/null 2>&1 || true; fi
+}
+
 labelled() {
   [ "$("$docker_cli" image inspect --format '{{ index .Config.Labels "rollout-fleet.build" }}' "$1" 2>/dev/null || true)" = "$stamp" ]
 }
 
 if ! labelled "$fleet_image"; then
+  old_fleet=$("$docker_cli" image inspect --format '{{.Id}}' "$fleet_image" 2>/dev/null || true)
   printf '[setup] building %s (offline, from this host)\n' "$fleet_image" >&2
   r="$stage/fleet"
   mkdir -p "$r"
@@ -68,9 +76,11 @@ if ! labelled "$fleet_image"; then
     --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' --change 'ENV NODE_ENV=production' \
     --change 'WORKDIR /opt/rollout-fleet' --change "LABEL rollout-fleet.build=$stamp" \
     --change 'ENTRYPOINT ["node", "dist/src/cli/bin.js"]' --change 'CMD ["worker"]' - "$fleet_image" >/dev/null
+  drop_replaced "$old_fleet" "$fleet_image"
 fi
 
 if ! labelled "$redis_image"; then
+  old_redis=$("$docker_cli" image inspect --format '{{.Id}}' "$redis_image" 2>/dev/null || true)
   printf '[setup] building %s (offline, from this host)\n' "$redis_image" >&2
   r="$stage/redis"
   mkdir -p "$r/data"
@@ -88,4 +98,5 @@ SH
   tar --numeric-owner -C "$r" -c . | "$docker_cli" import \
     --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' --change 'WORKDIR /data' --change "LABEL rollout-fleet.build=$stamp" \
     --change 'ENTRYPOINT ["docker-entrypoint.sh"]' --change 'CMD ["redis-server"]' - "$redis_image" >/dev/null
+  drop_replaced "$old_redis" "$redis_image"
 fi
