@@ -272,6 +272,8 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
       if (!res.writableFinished) abortCall();
     });
     let result: UpstreamResult;
+    // A stream still flowing keeps listening for the proxy's close until the relay ends; nothing else does.
+    let live = false;
     try {
       result = await callUpstream(
         base,
@@ -283,13 +285,14 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
         },
         { timeoutMs: requestTimeoutMs, retry, maxResponseBytes, signal: call.signal, stream: streaming, limiter },
       );
+      live = result.ok && 'stream' in result;
     } catch (err) {
       if (ticket !== undefined) budget.settle(ticket, { answered: false });
       if (!call.signal.aborted) throw err;
       record.error = { type: 'proxy_closing', message: closing.signal.aborted ? 'the model proxy closed during the call' : 'the client went away during the call' };
       return finish('aborted', 503, errorBody('proxy_closing', record.error.message));
     } finally {
-      if (!streaming) closing.signal.removeEventListener('abort', abortCall);
+      if (!live) closing.signal.removeEventListener('abort', abortCall);
     }
 
     record.attempts = result.attempts;
