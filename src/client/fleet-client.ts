@@ -38,7 +38,11 @@ export interface FleetClientOptions {
 /** What the results iterator yields. */
 export type BatchEvent =
   | { kind: 'result'; cursor: string; result: EpisodeResult }
-  /** Every sample of `taskId` in the batch has ended (sent once per task, after its last result). */
+  /**
+   * Every sample of `taskId` in the batch has ended (sent once per task, after its last result). Its
+   * cursor is the last result's with `:g`: resuming from it does not send the group again; resuming
+   * from the result's own cursor does.
+   */
   | { kind: 'group'; cursor: string; taskId: string; rewards: (number | null)[]; results: EpisodeResult[] };
 
 /** A batch as an object: task folders are absolute paths; the rest as in a batch file. */
@@ -102,13 +106,17 @@ export class FleetClient {
    * going away (it waits and reads on from its cursor).
    */
   async *results(batchId: string, opts: { after?: string; signal?: AbortSignal; blockMs?: number } = {}): AsyncGenerator<BatchEvent> {
-    let cursor = opts.after ?? '0';
+    const from = opts.after ?? '0';
+    // A group event's cursor (`<entry>:g`): the group of that entry was delivered too.
+    const groupAcked = from.endsWith(':g');
+    let cursor = groupAcked ? from.slice(0, -2) : from;
     const manifest = await this.retrying(() => this.store.getManifest(batchId), opts.signal);
     if (manifest === undefined) throw new TypeError(`batchId: no batch ${JSON.stringify(batchId)}`);
     const samples = new Map<string, number>();
     for (const id of manifest.episodeIds) samples.set(taskOf(id, batchId), (samples.get(taskOf(id, batchId)) ?? 0) + 1);
     // Groups already complete before the cursor were announced then: known from what precedes it.
-    const before = cursor === '0' ? [] : await this.retrying(() => this.completionsUpTo(batchId, cursor), opts.signal);
+    const startedAt = cursor;
+    const before = cursor === '0' ? [] : await this.retrying(() => this.completionsUpTo(batchId, startedAt), opts.signal);
     const ended = new Map<string, Set<string>>();
     const mark = (episodeId: string) => {
       const task = taskOf(episodeId, batchId);
@@ -118,7 +126,18 @@ export class FleetClient {
       return { task, done: set.size === samples.get(task) };
     };
     const announced = new Set<string>();
-    for (const id of before) if (mark(id).done) announced.add(taskOf(id, batchId));
+    const groupEvent = async (task: string, at: string): Promise<BatchEvent> => {
+      announced.add(task);
+      const results = (await this.retrying(() => this.store.results(batchId), opts.signal)).filter((r) => taskOf(r.episodeId, batchId) === task);
+      return { kind: 'group', cursor: `${at}:g`, taskId: task, rewards: results.map((r) => r.reward), results };
+    };
+    for (const c of before) {
+      const { task, done } = mark(c.episodeId);
+      if (!done || announced.has(task)) continue;
+      // The group its last result completed, exactly at the cursor, was not acknowledged: sent again.
+      if (c.cursor === startedAt && !groupAcked) yield await groupEvent(task, c.cursor);
+      else announced.add(task);
+    }
     for (;;) {
       opts.signal?.throwIfAborted();
       const batch = await this.retrying(() => this.store.completions(batchId, cursor, { blockMs: opts.blockMs ?? 2_000 }, this.reader), opts.signal);
@@ -128,11 +147,7 @@ export class FleetClient {
         if (result === undefined) continue; // forgotten since (a retry by kind): its next result comes later
         yield { kind: 'result', cursor, result };
         const { task, done } = mark(c.episodeId);
-        if (done && !announced.has(task)) {
-          announced.add(task);
-          const results = (await this.retrying(() => this.store.results(batchId), opts.signal)).filter((r) => taskOf(r.episodeId, batchId) === task);
-          yield { kind: 'group', cursor, taskId: task, rewards: results.map((r) => r.reward), results };
-        }
+        if (done && !announced.has(task)) yield await groupEvent(task, cursor);
       }
       if (batch.length === 0 && (await this.retrying(() => this.store.resultCount(batchId), opts.signal)) >= manifest.episodeIds.length) {
         // Everything recorded; one more read makes sure nothing arrived after the last one read.
@@ -142,14 +157,14 @@ export class FleetClient {
     }
   }
 
-  private async completionsUpTo(batchId: string, cursor: string): Promise<string[]> {
-    const ids: string[] = [];
+  private async completionsUpTo(batchId: string, cursor: string): Promise<{ cursor: string; episodeId: string }[]> {
+    const ids: { cursor: string; episodeId: string }[] = [];
     let from = '0';
     for (;;) {
       const page = await this.store.completions(batchId, from, { count: 1_000 });
       for (const c of page) {
         if (compareIds(c.cursor, cursor) > 0) return ids;
-        ids.push(c.episodeId);
+        ids.push({ cursor: c.cursor, episodeId: c.episodeId });
       }
       if (page.length === 0) return ids;
       from = page.at(-1)!.cursor;
