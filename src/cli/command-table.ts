@@ -34,6 +34,7 @@ export const RESULTS_OPTIONS = { format: { type: 'string', default: 'jsonl' } } 
 export const CANCEL_OPTIONS = { 'wait-ms': { type: 'string', default: '60000' } } as const satisfies CommandOptions;
 export const RETRY_OPTIONS = { kind: { type: 'string' } } as const satisfies CommandOptions;
 export const DASHBOARD_OPTIONS = { port: { type: 'string' }, 'local-only': { type: 'boolean' } } as const satisfies CommandOptions;
+export const API_OPTIONS = { port: { type: 'string' } } as const satisfies CommandOptions;
 export const MODEL_STUB_OPTIONS = {
   port: { type: 'string' },
   /** Address to listen on with --port. @default 127.0.0.1 */
@@ -161,6 +162,16 @@ summary and for every sandbox to be removed, and stops what it started. Needs a 
     options: DASHBOARD_OPTIONS,
     allowPositionals: false,
     load: async () => (await import('./dashboard-command.ts')).dashboardCommand,
+  },
+  api: {
+    synopsis: '[--port N]',
+    summary: 'the HTTP API: batch status and results as they finish (SSE or NDJSON)',
+    about: `Listens on FLEET_API_HOST:FLEET_API_PORT (127.0.0.1:3100). Needs FLEET_API_TOKEN (Bearer auth)
+unless it listens on loopback. GET /openapi.json describes it.`,
+    optionHelp: `  --port N          listen on this port (default: FLEET_API_PORT)`,
+    options: API_OPTIONS,
+    allowPositionals: false,
+    load: async () => (await import('./api-command.ts')).apiCommand,
   },
 } as const satisfies Record<string, CommandSpec>;
 

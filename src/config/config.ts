@@ -118,6 +118,12 @@ export const FleetConfig = z.object({
   FLEET_DASHBOARD_HOST: z.string().min(1).default('127.0.0.1'),
   /** Port of the dashboard; 0 picks a free one (`--port` overrides). @default 3000 */
   FLEET_DASHBOARD_PORT: z.coerce.number().int().min(0).max(65_535).default(3000),
+  /** Bearer token of `rollout-fleet api`; required unless the API listens on loopback. */
+  FLEET_API_TOKEN: z.string().min(16, 'at least 16 characters').optional(),
+  /** Address `rollout-fleet api` listens on. @default 127.0.0.1 */
+  FLEET_API_HOST: z.string().min(1).default('127.0.0.1'),
+  /** Port of `rollout-fleet api`; 0 picks a free one (`--port` overrides). @default 3100 */
+  FLEET_API_PORT: z.coerce.number().int().min(0).max(65_535).default(3100),
   /** Allow write actions in Bull Board (retry, clean, pause, add); read-only otherwise. @default false */
   FLEET_DASHBOARD_WRITE: z.stringbool().default(false),
 });
