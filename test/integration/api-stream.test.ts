@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createApiApp } from '../../src/api/api-server.ts';
 import { FleetClient } from '../../src/client/fleet-client.ts';
 import type { WorkerHandle } from '../../src/cli/worker-process.ts';
-import { silentLog, startEnvWorker, startFleetEnv, type FleetEnv } from '../helpers/fleet.ts';
+import { runCli, silentLog, startEnvWorker, startFleetEnv, type FleetEnv } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const TOKEN = 'api-test-token-7f3a';
@@ -124,5 +124,15 @@ describe('HTTP API: the result stream', () => {
     expect(doc.openapi).toBe('3.1.0');
     expect(Object.keys(doc.paths)).toContain('/v1/batches/{batchId}/results');
     expect(doc.components.schemas.ResultEvent).toBeDefined();
+  });
+
+  it('the api command refuses to listen beyond loopback without a token, naming the variable', async () => {
+    const run = await runCli(['api', '--port', '0'], { ...env.env, FLEET_API_HOST: '0.0.0.0', FLEET_API_TOKEN: '' });
+    expect(run.code).toBe(2);
+    expect(run.stderr).toContain('FLEET_API_TOKEN');
+    const short = await runCli(['api', '--port', '0'], { ...env.env, FLEET_API_TOKEN: 'short' });
+    expect(short.code).toBe(2);
+    expect(short.stderr).toContain('FLEET_API_TOKEN');
+    expect(short.stderr).not.toContain('short');
   });
 });
