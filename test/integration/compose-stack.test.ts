@@ -58,6 +58,8 @@ describe('docker-compose stack, started for real', () => {
     redis.on('error', () => undefined);
     await waitFor('Redis of the stack', async () => redis.connect().then(() => true, () => false), 60_000, 200);
     queue = new Queue(EPISODES_QUEUE, { connection: redis, prefix: project });
+    // Refused while the stack stops at the end: expected, not reported.
+    queue.on('error', () => undefined);
     results = new ResultsStore(redis, project, dataDir);
   }, 300_000);
   afterAll(async () => {
@@ -73,7 +75,14 @@ describe('docker-compose stack, started for real', () => {
   });
 
   it('runs the demo batch on three worker replicas, survives a stopped worker, and goes away whole', async () => {
+    // Each step's time is printed, so a slow run shows where it spent it.
+    let last = performance.now();
+    const step = (what: string) => {
+      console.log(`compose stack: ${what} after ${((performance.now() - last) / 1000).toFixed(1)} s`);
+      last = performance.now();
+    };
     await waitFor('three worker containers connected', async () => (await queue.getWorkers()).length >= 3, 120_000, 250);
+    step('three workers connected');
     // The dashboard: 401 without credentials, 200 with.
     const auth = `Basic ${Buffer.from(`${USER}:${PASSWORD}`).toString('base64')}`;
     await waitFor('the dashboard', async () => (await fetch(`${dashboardUrl}/healthz`).then((r) => r.ok, () => false)), 60_000, 250);
@@ -87,6 +96,7 @@ describe('docker-compose stack, started for real', () => {
     const batchId = (JSON.parse(enqueued.stdout) as { batchId?: string }).batchId;
     expect(batchId, enqueued.stdout).toBeDefined();
     const manifest = await waitFor('the batch manifest', async () => results.getManifest(batchId!));
+    step('batch enqueued from the host');
 
     // Stop the worker container that runs an episode, mid-episode.
     const busy = await waitFor('a sandbox of the batch', async () => (await sandboxes()).find((c) => c.State === 'running' && c.Labels[LABEL.batch] === batchId), 120_000, 100);
@@ -97,12 +107,14 @@ describe('docker-compose stack, started for real', () => {
     await docker.getContainer(victim!.Id).stop({ t: 60 });
     const stopped = await docker.getContainer(victim!.Id).inspect();
     expect(stopped.State.ExitCode, 'a drained worker exits 0').toBe(0);
+    step('one worker stopped mid-episode');
 
     // Every episode ends once; those the stopped worker ran end on the others.
     const all = await waitFor('every result', async () => {
       const got = await results.results(batchId!);
       return got.length >= manifest.episodeIds.length ? got : undefined;
     }, 240_000, 500);
+    step('every result');
     expect(all).toHaveLength(manifest.episodeIds.length);
     expect(new Set(all.map((r) => r.episodeId)).size).toBe(manifest.episodeIds.length);
     for (const r of all) {
@@ -112,6 +124,7 @@ describe('docker-compose stack, started for real', () => {
       expect(all.find((r) => r.episodeId === episodeId)?.workerId, episodeId).not.toBe(workerId);
     }
     await waitFor('every sandbox removed', async () => (await sandboxes()).length === 0, 60_000, 250);
+    step('every sandbox removed');
 
     // `docker-compose stop` drains every worker: exit 0.
     await compose('stop');
@@ -123,5 +136,6 @@ describe('docker-compose stack, started for real', () => {
     expect((await docker.listNetworks()).filter((n) => n.Name.startsWith(`${project}_`))).toEqual([]);
     expect(((await docker.listVolumes()).Volumes ?? []).filter((v) => v.Name.startsWith(`${project}_`))).toEqual([]);
     expect(await sandboxes()).toEqual([]);
-  });
+    step('stop and down -v');
+  }, 420_000);
 });
