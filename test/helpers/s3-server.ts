@@ -25,6 +25,8 @@ export interface S3TestServer {
   env: Record<string, string>;
   /** Hold every connection, new and open: requests neither fail nor get an answer. */
   pause(): void;
+  /** Connections the proxy has accepted while holding: a held request has arrived once this grows. */
+  heldConnections(): number;
   /** Refuse new connections and cut the open ones. */
   down(): Promise<void>;
   /** Back to passing bytes (after pause or down). */
@@ -64,6 +66,7 @@ export async function startS3Server(opts: { bucket?: string } = {}): Promise<S3T
     secretAccessKey,
     env: { AWS_ENDPOINT_URL_S3: url, AWS_REGION: 'us-east-1', AWS_ACCESS_KEY_ID: accessKeyId, AWS_SECRET_ACCESS_KEY: secretAccessKey },
     pause: () => proxy.hold(),
+    heldConnections: () => proxy.heldAccepted,
     down: () => proxy.down(),
     resume: () => proxy.resume(),
     async stop() {
@@ -124,6 +127,9 @@ export class HoldingProxy {
     return this.port;
   }
 
+  /** Connections accepted in hold mode, ever. */
+  heldAccepted = 0;
+
   hold(): void {
     this.mode = 'hold';
     for (const pair of this.pairs) {
@@ -161,6 +167,7 @@ export class HoldingProxy {
     }
     const pair = { client, upstream: undefined as net.Socket | undefined };
     this.pairs.add(pair);
+    if (this.mode === 'hold') this.heldAccepted += 1;
     client.pause();
     client.on('error', () => this.cut(pair));
     client.on('close', () => this.cut(pair));

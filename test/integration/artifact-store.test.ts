@@ -13,6 +13,7 @@ import { FolderStore } from '../../src/artifacts/folder-store.ts';
 import { openArtifactStore } from '../../src/artifacts/open-store.ts';
 import { S3Store } from '../../src/artifacts/s3-store.ts';
 import { startS3Server, type S3TestServer } from '../helpers/s3-server.ts';
+import { waitFor } from '../helpers/fleet.ts';
 
 let server: S3TestServer;
 let tmp: string;
@@ -248,14 +249,19 @@ describe('S3 store', () => {
     stores.push(store);
     await store.put('ready.json', '{}', { signal: signal() });
     server.pause();
+    // A client with no connection yet, so each held call opens one the proxy counts as it holds it.
+    const held = S3Store.fromUrl(`s3://${server.bucket}/held`, server.env);
+    stores.push(held);
     try {
-      for (const start of [(s: AbortSignal) => store.put('held.json', '{}', { signal: s }), (s: AbortSignal) => store.get('ready.json', { signal: s })]) {
+      for (const start of [(s: AbortSignal) => held.put('held.json', '{}', { signal: s }), (s: AbortSignal) => held.get('ready.json', { signal: s })]) {
         const ctrl = new AbortController();
         const reason = new Error('phase over');
+        const before = server.heldConnections();
         const call = start(ctrl.signal);
         let settled = false;
         void call.then(() => (settled = true), () => (settled = true));
-        await new Promise((r) => setTimeout(r, 700));
+        // The request has reached the held proxy: it cannot be answered until the abort.
+        await waitFor('the call to reach the held server', async () => server.heldConnections() > before, 10_000, 20);
         expect(settled).toBe(false);
         const t0 = performance.now();
         ctrl.abort(reason);
