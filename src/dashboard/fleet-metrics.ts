@@ -110,32 +110,26 @@ export function createFleetMetrics(opts: FleetMetricsOptions): FleetMetrics {
       reading ??= read().finally(() => setImmediate(() => (reading = undefined)));
       return reading;
     };
-    const endpointGauge = (name: string, help: string, value: (m: EndpointLimitMetrics) => number) =>
-      new Gauge({
+    // Counters are kept in Redis too (they start again from 0 when an idle endpoint's keys expire,
+    // which Prometheus takes as a counter reset): both kinds are set from the same fleet-wide read.
+    const endpointMetric = (Kind: typeof Gauge | typeof Counter) => (name: string, help: string, value: (m: EndpointLimitMetrics) => number) =>
+      new Kind({
         name,
         help,
         labelNames: ['endpoint', 'host'] as const,
         registers: [registry],
         async collect() {
           this.reset();
-          for (const m of await endpoints()) this.set({ endpoint: m.endpoint, host: m.host }, value(m));
+          for (const m of await endpoints()) {
+            if (this instanceof Gauge) this.set({ endpoint: m.endpoint, host: m.host }, value(m));
+            else this.inc({ endpoint: m.endpoint, host: m.host }, value(m));
+          }
         },
       });
+    const endpointGauge = endpointMetric(Gauge);
+    const endpointCounter = endpointMetric(Counter);
     endpointGauge('rollout_fleet_model_endpoint_in_flight', 'Requests to the model endpoint in flight now, fleet-wide (concurrency leases in Redis)', (m) => m.inFlight);
     endpointGauge('rollout_fleet_model_endpoint_waiting', 'Model calls waiting for a turn of the endpoint\'s fleet-wide limits now', (m) => m.waiting);
-    // Counters kept in Redis (they start again from 0 when an idle endpoint's keys expire, which
-    // Prometheus takes as a counter reset).
-    const endpointCounter = (name: string, help: string, value: (m: EndpointLimitMetrics) => number) =>
-      new Counter({
-        name,
-        help,
-        labelNames: ['endpoint', 'host'] as const,
-        registers: [registry],
-        async collect() {
-          this.reset();
-          for (const m of await endpoints()) this.inc({ endpoint: m.endpoint, host: m.host }, value(m));
-        },
-      });
     endpointCounter('rollout_fleet_model_endpoint_rate_limited_total', '429 answers of the model endpoint reported fleet-wide, as counted in Redis', (m) => m.rateLimited);
     endpointCounter('rollout_fleet_model_endpoint_unavailable_total', '503 answers of the model endpoint reported fleet-wide, as counted in Redis', (m) => m.unavailable);
     endpointGauge('rollout_fleet_model_endpoint_tokens_last_minute', 'Tokens the model endpoint\'s answers used in the last minute, fleet-wide', (m) => m.tokensLastMinute);
