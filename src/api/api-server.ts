@@ -1,14 +1,25 @@
-// The HTTP API a trainer in any language drives the fleet through (first slice: a batch's status and
-// its results as they finish). Results stream in completion order as Server-Sent Events (`id:` is the
-// cursor, so a reconnect with `Last-Event-ID` resumes with no loss and no duplicate) or as NDJSON
-// (resume with `?after=<cursor>`), with a group event once every sample of a task has ended. Every
-// route but /healthz and /openapi.json needs `Authorization: Bearer <FLEET_API_TOKEN>`.
+// The HTTP API a trainer in any language drives the fleet through: upload a task folder as a tar and
+// get its digest; create a batch from task digests (idempotent, as `enqueue` is); read its status;
+// stream its results in completion order as Server-Sent Events (`id:` is the cursor, so a reconnect
+// with `Last-Event-ID` resumes with no loss and no duplicate) or as NDJSON (resume with `?after=`),
+// with a group event once every sample of a task has ended; cancel; retry by kind; an episode's
+// trajectory and evidence. Every route but /healthz and /openapi.json needs
+// `Authorization: Bearer <FLEET_API_TOKEN>`. Errors are JSON `{ error: { field, message } }` with a 4xx
+// naming the field; bodies are bounded (a task tar by the task archive limit, JSON by 1 MiB).
 import { timingSafeEqual } from 'node:crypto';
+import { once } from 'node:events';
+import { pipeline } from 'node:stream/promises';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import type { Logger } from 'pino';
 import { z } from 'zod';
 import { EpisodeResult } from '../../queues/episodes/contract.ts';
 import type { FleetClient } from '../client/fleet-client.ts';
+import { describeIssues } from '../config/zod-issues.ts';
+import { FleetError } from '../errors/fleet-error.ts';
+import { FAILURE_KINDS } from '../errors/failure-kind.ts';
+import { EPISODE_ID_PATTERN } from '../ids/episode-id.ts';
+import { BatchFile, TaskDigest, TaskDigestRef } from '../tasks/batch-spec.ts';
+import { MAX_TASK_ARCHIVE_BYTES } from '../tasks/pack-task.ts';
 
 export interface ApiOptions {
   client: FleetClient;
@@ -19,51 +30,155 @@ export interface ApiOptions {
 
 const CURSOR = /^(\d{1,20}-\d{1,20}(:g)?|0)$/;
 const BATCH_ID = /^[a-z0-9][a-z0-9_.-]{0,120}$/;
+/** JSON bodies are a page of settings: a batch of 10,000 digests is about 700 KB. */
+const MAX_JSON_BYTES = 1024 * 1024;
 
 const ErrorBody = z.object({ error: z.object({ field: z.string().optional(), message: z.string() }) });
 const ResultEvent = z.object({ kind: z.literal('result'), cursor: z.string(), result: EpisodeResult });
 const GroupEvent = z.object({ kind: z.literal('group'), cursor: z.string(), taskId: z.string(), rewards: z.array(z.number().nullable()) });
+const StoredTaskBody = z.object({ digest: z.string(), taskId: z.string(), bytes: z.number().int() });
+/** A batch over HTTP: a batch file's fields, its tasks named by digest (a folder on the server never). */
+export const BatchRequest = BatchFile.extend({
+  name: BatchFile.shape.name.unwrap(),
+  tasks: z.array(z.union([TaskDigest, TaskDigestRef])).min(1).max(10_000),
+});
+const BatchCreated = z.object({ batchId: z.string(), episodes: z.number().int(), added: z.boolean(), episodeIds: z.array(z.string()) });
+const CancelRequest = z.strictObject({ episodeIds: z.array(z.string().regex(EPISODE_ID_PATTERN)).max(100_000).optional() });
+const RetryRequest = z.strictObject({ kind: z.enum(FAILURE_KINDS) });
 
 /** The OpenAPI document, its schemas generated from the same zod schemas the server uses. */
 export function openApiDocument(): Record<string, unknown> {
-  const schema = (s: z.ZodType) => z.toJSONSchema(s, { unrepresentable: 'any' });
-  const errors = { 401: { description: 'missing or wrong bearer token', content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } } } };
+  const schema = (s: z.ZodType) => z.toJSONSchema(s, { unrepresentable: 'any', io: 'input' });
+  const ref = (name: string) => ({ $ref: `#/components/schemas/${name}` });
+  const json = (name: string) => ({ content: { 'application/json': { schema: ref(name) } } });
+  const fault = (description: string) => ({ description, ...json('Error') });
+  const path = (name: string) => ({ name, in: 'path', required: true, schema: { type: 'string' } });
+  const common = { 401: fault('missing or wrong bearer token') };
+  const batch = path('batchId');
+  const episode = [batch, path('episodeId')];
   return {
     openapi: '3.1.0',
     info: { title: 'rollout-fleet API', version: '0.1.0' },
     components: {
       securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } },
-      schemas: { Error: schema(ErrorBody), ResultEvent: schema(ResultEvent), GroupEvent: schema(GroupEvent) },
+      schemas: {
+        Error: schema(ErrorBody), ResultEvent: schema(ResultEvent), GroupEvent: schema(GroupEvent),
+        StoredTask: schema(StoredTaskBody), BatchRequest: schema(BatchRequest), BatchCreated: schema(BatchCreated),
+        CancelRequest: schema(CancelRequest), RetryRequest: schema(RetryRequest), EpisodeResult: schema(EpisodeResult),
+      },
     },
     security: [{ bearer: [] }],
     paths: {
+      '/v1/tasks': {
+        post: {
+          summary: "Upload a task folder as a plain tar of its contents (task.yaml, workspace/, tests/, solution/); returns its digest",
+          requestBody: { required: true, content: { 'application/x-tar': { schema: { type: 'string', format: 'binary', maxLength: MAX_TASK_ARCHIVE_BYTES } } } },
+          responses: { 201: { description: 'stored', ...json('StoredTask') }, 400: fault('not a task: the message names the entry or field'), 413: fault('larger than the task archive limit'), 415: fault('not application/x-tar'), ...common },
+        },
+      },
+      '/v1/batches': {
+        post: {
+          summary: 'Create a batch from task digests; the same batch again names the same batch and adds nothing',
+          requestBody: { required: true, ...json('BatchRequest') },
+          responses: { 201: { description: 'enqueued', ...json('BatchCreated') }, 200: { description: 'enqueued before; nothing added', ...json('BatchCreated') }, 400: fault('malformed; the field is named'), 413: fault('body over 1 MiB'), 422: fault('a task digest not stored, or an image no host has'), ...common },
+        },
+      },
       '/v1/batches/{batchId}': {
-        get: { summary: "The batch's summary so far", parameters: [{ name: 'batchId', in: 'path', required: true, schema: { type: 'string' } }], responses: { 200: { description: 'summary' }, 404: { description: 'no such batch' }, ...errors } },
+        get: { summary: "The batch's summary so far", parameters: [batch], responses: { 200: { description: 'summary' }, 404: fault('no such batch'), ...common } },
       },
       '/v1/batches/{batchId}/results': {
         get: {
           summary: 'Results in completion order, and a group event per task once all its samples ended; ends when every episode has a result',
-          parameters: [
-            { name: 'batchId', in: 'path', required: true, schema: { type: 'string' } },
-            { name: 'after', in: 'query', required: false, schema: { type: 'string' }, description: 'resume after this cursor (or the Last-Event-ID header)' },
-          ],
+          parameters: [batch, { name: 'after', in: 'query', required: false, schema: { type: 'string' }, description: 'resume after this cursor (or the Last-Event-ID header)' }],
           responses: {
             200: {
               description: 'text/event-stream (Accept: text/event-stream; `id:` is the cursor) or application/x-ndjson',
-              content: { 'application/x-ndjson': { schema: { oneOf: [{ $ref: '#/components/schemas/ResultEvent' }, { $ref: '#/components/schemas/GroupEvent' }] } } },
+              content: { 'application/x-ndjson': { schema: { oneOf: [ref('ResultEvent'), ref('GroupEvent')] } } },
             },
-            400: { description: 'a bad cursor, naming the field' },
-            404: { description: 'no such batch' },
-            ...errors,
+            400: fault('a bad cursor, naming the field'),
+            404: fault('no such batch'),
+            ...common,
           },
         },
+      },
+      '/v1/batches/{batchId}/cancel': {
+        post: { summary: 'Cancel the batch (or the episodes named): queued ones at once, running ones at their next step', parameters: [batch], requestBody: { required: false, ...json('CancelRequest') }, responses: { 200: { description: 'outcome per episode' }, 400: fault('malformed'), 404: fault('no such batch'), ...common } },
+      },
+      '/v1/batches/{batchId}/retry': {
+        post: { summary: 'Run again the episodes that failed with a kind', parameters: [batch], requestBody: { required: true, ...json('RetryRequest') }, responses: { 200: { description: 'requeued, missing and pending episode ids' }, 400: fault('malformed'), 404: fault('no such batch'), ...common } },
+      },
+      '/v1/batches/{batchId}/episodes/{episodeId}': {
+        get: { summary: "The episode's result", parameters: episode, responses: { 200: { description: 'result', ...json('EpisodeResult') }, 404: fault('no such episode, or no result yet'), ...common } },
+      },
+      '/v1/batches/{batchId}/episodes/{episodeId}/trajectory': {
+        get: { summary: 'The trajectory document: task, reward, attempts, usage, timings, conversation with token ids and logprobs', parameters: episode, responses: { 200: { description: 'trajectory' }, 404: fault('no such episode, or no result yet'), ...common } },
+      },
+      '/v1/batches/{batchId}/episodes/{episodeId}/evidence': {
+        get: { summary: 'The evidence files of every attempt (attempt, name, bytes, href)', parameters: episode, responses: { 200: { description: 'index' }, 404: fault('no such episode'), ...common } },
+      },
+      '/v1/batches/{batchId}/episodes/{episodeId}/evidence/{attempt}/{name}': {
+        get: { summary: 'One evidence file, as kept', parameters: [...episode, path('attempt'), path('name')], responses: { 200: { description: 'the file (application/octet-stream)' }, 404: fault('no such file'), ...common } },
       },
     },
   };
 }
 
+/** An error the API answers with a status and the field it is about. */
+class ApiError extends Error {
+  constructor(readonly status: number, readonly field: string | undefined, message: string) {
+    super(message);
+  }
+}
+
 const fail = (res: Response, status: number, message: string, field?: string) =>
   res.status(status).json({ error: { ...(field !== undefined && { field }), message } });
+
+/** A fleet error's message names its field after the source: "request: tasks.2: ...", "body: task.yaml: ...". */
+function fieldOf(message: string): string | undefined {
+  return /^(?:request: )?([A-Za-z0-9_.[\]-]+)[: ]/.exec(message)?.[1];
+}
+
+/** What a failed call answers: the fleet's input errors as 4xx naming the field, anything else as 500. */
+function answerError(res: Response, err: unknown, log: Logger): void {
+  if (res.headersSent) {
+    res.end();
+    return;
+  }
+  if (err instanceof ApiError) {
+    fail(res, err.status, err.message, err.field);
+    return;
+  }
+  const bodyError = err as { type?: string; limit?: number; length?: number };
+  if (bodyError.type === 'entity.too.large') {
+    fail(res, 413, `body: larger than ${bodyError.limit} bytes, the limit of this route (got ${bodyError.length ?? 'more'} bytes)`, 'body');
+    return;
+  }
+  if (bodyError.type === 'entity.parse.failed') {
+    fail(res, 400, 'body: not valid JSON', 'body');
+    return;
+  }
+  if (err instanceof FleetError && ['invalid_task', 'task_archive_missing', 'image_not_found'].includes(err.code)) {
+    const message = err.message.split('\n')[0]!;
+    fail(res, err.code === 'invalid_task' ? 400 : 422, err.message, fieldOf(message));
+    return;
+  }
+  if (err instanceof TypeError && /^[a-zA-Z]+: /.test(err.message)) {
+    fail(res, 400, err.message, fieldOf(err.message));
+    return;
+  }
+  log.error({ err }, 'api request failed');
+  fail(res, 500, 'internal error (see the API log)');
+}
+
+function parseBody<S extends z.ZodType>(schema: S, body: unknown): z.infer<S> {
+  const parsed = schema.safeParse(body ?? {});
+  if (!parsed.success) {
+    const lines = describeIssues(parsed.error, body);
+    const first = parsed.error.issues[0]!;
+    throw new ApiError(400, first.path.length > 0 ? first.path.map(String).join('.') : 'body', lines.map((l) => `request: ${l}`).join('\n'));
+  }
+  return parsed.data;
+}
 
 function bearer(token: string | undefined) {
   const expected = token === undefined ? undefined : Buffer.from(`Bearer ${token}`);
@@ -72,35 +187,120 @@ function bearer(token: string | undefined) {
     const got = Buffer.from(req.headers.authorization ?? '');
     if (got.length !== expected.length || !timingSafeEqual(got, expected)) {
       res.setHeader('www-authenticate', 'Bearer');
-      return fail(res, 401, 'authorization: a Bearer token is required (FLEET_API_TOKEN)', 'authorization');
+      return fail(res, 401, `authorization: ${req.headers.authorization === undefined ? 'missing' : 'not the expected'} Bearer token (FLEET_API_TOKEN)`, 'authorization');
     }
     return next();
   };
 }
 
+function batchIdOf(req: Request): string {
+  const { batchId } = req.params as { batchId: string };
+  if (!BATCH_ID.test(batchId)) throw new ApiError(400, 'batchId', `batchId: not a batch id (got ${JSON.stringify(batchId.slice(0, 80))})`);
+  return batchId;
+}
+
+/** The batch's id and its episode's, checked to belong together. */
+function episodeOf(req: Request): { batchId: string; episodeId: string } {
+  const batchId = batchIdOf(req);
+  const { episodeId } = req.params as { episodeId: string };
+  if (!EPISODE_ID_PATTERN.test(episodeId) || !episodeId.startsWith(`${batchId}.`)) {
+    throw new ApiError(400, 'episodeId', `episodeId: not an episode of batch ${batchId} (got ${JSON.stringify(episodeId.slice(0, 80))})`);
+  }
+  return { batchId, episodeId };
+}
+
 export function createApiApp(opts: ApiOptions): express.Express {
+  const { client, log } = opts;
   const app = express();
   app.disable('x-powered-by');
   app.get('/healthz', (_req, res) => res.json({ ok: true }));
   app.get('/openapi.json', (_req, res) => res.json(openApiDocument()));
   app.use(bearer(opts.token));
+  const json = express.json({ limit: MAX_JSON_BYTES, type: () => true });
+  const needBatch = async (batchId: string) => {
+    const summary = await client.status(batchId);
+    if (summary === undefined) throw new ApiError(404, 'batchId', `batchId: no batch ${JSON.stringify(batchId)}`);
+    return summary;
+  };
+
+  app.post('/v1/tasks', (req, res, next) => {
+    if (!(req.headers['content-type'] ?? '').startsWith('application/x-tar')) {
+      return fail(res, 415, `content-type: expected application/x-tar (a plain tar of the task folder's contents) (got ${JSON.stringify((req.headers['content-type'] ?? 'nothing').slice(0, 80))})`, 'content-type');
+    }
+    return next();
+  }, express.raw({ type: () => true, limit: MAX_TASK_ARCHIVE_BYTES }), async (req, res) => {
+    const stored = await client.uploadTaskTar(Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0));
+    res.status(201).json(stored);
+  });
+
+  app.post('/v1/batches', json, async (req, res) => {
+    const request = parseBody(BatchRequest, req.body);
+    const plan = await client.enqueueRequest({ ...request, tasks: request.tasks.map((t) => (typeof t === 'string' ? { digest: t } : t)) });
+    res.status(plan.added ? 201 : 200).json({ batchId: plan.batchId, episodes: plan.jobs.length, added: plan.added, episodeIds: plan.jobs.map((j) => j.episodeId) });
+  });
 
   app.get('/v1/batches/:batchId', async (req, res) => {
-    const { batchId } = req.params;
-    if (!BATCH_ID.test(batchId)) return fail(res, 400, `batchId: not a batch id (got ${JSON.stringify(batchId.slice(0, 80))})`, 'batchId');
-    const summary = await opts.client.status(batchId);
-    if (summary === undefined) return fail(res, 404, `batchId: no batch ${JSON.stringify(batchId)}`, 'batchId');
-    return res.json(summary);
+    res.json(await needBatch(batchIdOf(req)));
+  });
+
+  app.post('/v1/batches/:batchId/cancel', json, async (req, res) => {
+    const batchId = batchIdOf(req);
+    const { episodeIds } = parseBody(CancelRequest, req.body);
+    await needBatch(batchId);
+    const foreign = episodeIds?.find((id) => !id.startsWith(`${batchId}.`));
+    if (foreign !== undefined) throw new ApiError(400, 'episodeIds', `episodeIds: not an episode of batch ${batchId} (got ${JSON.stringify(foreign)})`);
+    res.json({ outcomes: await client.cancel(batchId, episodeIds) });
+  });
+
+  app.post('/v1/batches/:batchId/retry', json, async (req, res) => {
+    const batchId = batchIdOf(req);
+    const { kind } = parseBody(RetryRequest, req.body);
+    await needBatch(batchId);
+    res.json(await client.retryByKind(batchId, kind));
+  });
+
+  app.get('/v1/batches/:batchId/episodes/:episodeId', async (req, res) => {
+    const { batchId, episodeId } = episodeOf(req);
+    const result = await client.result(batchId, episodeId);
+    if (result === undefined) throw new ApiError(404, 'episodeId', `episodeId: no result for ${JSON.stringify(episodeId)} (yet)`);
+    res.json(result);
+  });
+
+  app.get('/v1/batches/:batchId/episodes/:episodeId/trajectory', async (req, res) => {
+    const { batchId, episodeId } = episodeOf(req);
+    const gone = new AbortController();
+    res.on('close', () => gone.abort());
+    const record = await client.trajectory(batchId, episodeId, AbortSignal.any([gone.signal, AbortSignal.timeout(60_000)]));
+    if (record === undefined) throw new ApiError(404, 'episodeId', `episodeId: no result for ${JSON.stringify(episodeId)} (yet)`);
+    res.json(record);
+  });
+
+  app.get('/v1/batches/:batchId/episodes/:episodeId/evidence', async (req, res) => {
+    const { batchId, episodeId } = episodeOf(req);
+    const files = await client.evidenceIndex(episodeId, AbortSignal.timeout(60_000));
+    res.json({ episodeId, files: files.map((f) => ({ ...f, href: `/v1/batches/${batchId}/episodes/${episodeId}/evidence/${f.attempt}/${encodeURIComponent(f.name)}` })) });
+  });
+
+  app.get('/v1/batches/:batchId/episodes/:episodeId/evidence/:attempt/:name', async (req, res) => {
+    const { episodeId } = episodeOf(req);
+    const { attempt, name } = req.params as { attempt: string; name: string };
+    if (!/^\d{1,6}$/.test(attempt)) throw new ApiError(400, 'attempt', `attempt: expected a number (got ${JSON.stringify(attempt.slice(0, 20))})`);
+    const gone = new AbortController();
+    res.on('close', () => gone.abort());
+    const stream = await client.openEvidence(episodeId, Number(attempt), name, gone.signal);
+    if (stream === undefined) throw new ApiError(404, 'name', `name: attempt ${attempt} of ${episodeId} kept no file ${JSON.stringify(name.slice(0, 80))}`);
+    // Evidence is the agent's writing: never rendered by a browser that opens it.
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'x-content-type-options': 'nosniff', 'content-disposition': 'attachment' });
+    await pipeline(stream, res).catch(() => res.destroy());
   });
 
   app.get('/v1/batches/:batchId/results', async (req, res) => {
-    const { batchId } = req.params;
-    if (!BATCH_ID.test(batchId)) return fail(res, 400, `batchId: not a batch id (got ${JSON.stringify(batchId.slice(0, 80))})`, 'batchId');
+    const batchId = batchIdOf(req);
     const sse = (req.headers.accept ?? '').includes('text/event-stream');
     const lastEventId = req.headers['last-event-id'];
     const after = (typeof lastEventId === 'string' && lastEventId !== '' ? lastEventId : undefined) ?? (typeof req.query.after === 'string' ? req.query.after : undefined) ?? '0';
-    if (!CURSOR.test(after)) return fail(res, 400, `after: not a cursor (got ${JSON.stringify(after.slice(0, 80))})`, sse ? 'Last-Event-ID' : 'after');
-    if ((await opts.client.status(batchId)) === undefined) return fail(res, 404, `batchId: no batch ${JSON.stringify(batchId)}`, 'batchId');
+    if (!CURSOR.test(after)) throw new ApiError(400, sse ? 'Last-Event-ID' : 'after', `after: not a cursor (got ${JSON.stringify(after.slice(0, 80))})`);
+    await needBatch(batchId);
     const gone = new AbortController();
     res.on('close', () => gone.abort());
     res.writeHead(200, sse
@@ -108,23 +308,24 @@ export function createApiApp(opts: ApiOptions): express.Express {
       : { 'content-type': 'application/x-ndjson; charset=utf-8', 'cache-control': 'no-cache' });
     res.flushHeaders();
     try {
-      for await (const event of opts.client.results(batchId, { after, signal: gone.signal, blockMs: 1_000 })) {
+      for await (const event of client.results(batchId, { after, signal: gone.signal, blockMs: 1_000 })) {
         const body = event.kind === 'result'
           ? { kind: 'result', cursor: event.cursor, result: event.result }
           : { kind: 'group', cursor: event.cursor, taskId: event.taskId, rewards: event.rewards };
         const text = JSON.stringify(body);
         // Every event carries its cursor as its id: a reconnect resumes right after the last one received.
         const written = sse ? res.write(`id: ${event.cursor}\nevent: ${event.kind}\ndata: ${text}\n\n`) : res.write(`${text}\n`);
-        if (!written) await new Promise((resolve) => res.once('drain', resolve));
+        // A slow reader holds the stream here, not the server's memory; one that left ends it.
+        if (!written) await Promise.race([once(res, 'drain'), once(gone.signal, 'abort')]);
       }
       if (sse) res.write('event: end\ndata: {}\n\n');
     } catch (err) {
-      if (!gone.signal.aborted) opts.log.warn({ batchId, err: String(err) }, 'result stream ended by an error');
+      if (!gone.signal.aborted) log.warn({ batchId, err: String(err) }, 'result stream ended by an error');
     }
     res.end();
-    return undefined;
   });
 
-  app.use((_req, res) => fail(res, 404, 'no such route'));
+  app.use((_req: Request, res: Response) => fail(res, 404, 'no such route'));
+  app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => answerError(res, err, log));
   return app;
 }

@@ -6,7 +6,8 @@ import { parseArgs } from 'node:util';
 import { createApiApp } from '../api/api-server.ts';
 import { FleetClient } from '../client/fleet-client.ts';
 import { API_OPTIONS } from './command-table.ts';
-import { UsageError, requireRedisUrl, type Cli } from './context.ts';
+import { UsageError, connectProducer, requireRedisUrl, type Cli } from './context.ts';
+import { imageChecker } from './queue-clients.ts';
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
 
@@ -19,7 +20,14 @@ export async function apiCommand(cli: Cli, args: string[]): Promise<number> {
   }
   const port = values.port === undefined ? config.FLEET_API_PORT : Number(values.port);
   if (!Number.isInteger(port) || port < 0 || port > 65_535) throw new UsageError(`--port: expected an integer from 0 to 65535, got ${JSON.stringify(values.port)}`);
-  const client = await FleetClient.connect({ redisUrl: requireRedisUrl(config), prefix: config.FLEET_PREFIX, dataDir: config.FLEET_DATA_DIR });
+  const redisUrl = requireRedisUrl(config);
+  // Images are checked against what the live workers report (the API host needs no Docker engine).
+  const facts = await connectProducer(redisUrl);
+  const client = await FleetClient.connect({
+    redisUrl, prefix: config.FLEET_PREFIX, dataDir: config.FLEET_DATA_DIR, artifacts: config.FLEET_ARTIFACTS,
+    // A checker per call: its facts are read once per checker, and the API outlives many batches.
+    imageExists: (image) => imageChecker(undefined, { redis: facts, prefix: config.FLEET_PREFIX })(image),
+  });
   const server = createApiApp({ client, token: config.FLEET_API_TOKEN, log }).listen(port, host);
   try {
     await Promise.race([once(server, 'listening'), once(server, 'error').then(([err]) => Promise.reject(err as Error))]);
@@ -32,5 +40,6 @@ export async function apiCommand(cli: Cli, args: string[]): Promise<number> {
     server.closeAllConnections();
     await new Promise((resolve) => server.close(resolve));
     await client.close();
+    await facts.quit().catch(() => facts.disconnect());
   }
 }

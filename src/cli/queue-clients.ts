@@ -28,11 +28,12 @@ export function flowProducer(redis: Redis, prefix: string): FlowProducer {
 }
 
 /**
- * Whether the engine has an image; undefined when the engine cannot be asked from here. A name that is
+ * Whether the engine has an image; undefined when the engine cannot be asked from here (or there is
+ * none: the API asks only the live workers' facts). A name that is
  * not an image reference never reaches the engine (it would be a path of the request), and a 400 for
  * one that is means the engine cannot have it either.
  */
-export function imageChecker(docker: Docker, fleet?: { redis: Redis; prefix: string }) {
+export function imageChecker(docker: Docker | undefined, fleet?: { redis: Redis; prefix: string }) {
   let facts: Promise<WorkerFacts[]> | undefined;
   return async (image: string): Promise<boolean | undefined> => {
     if (!isImageReference(image)) return false;
@@ -42,6 +43,7 @@ export function imageChecker(docker: Docker, fleet?: { redis: Redis; prefix: str
       const onSomeHost = imageOnSomeHost(await facts, image);
       if (onSomeHost !== undefined) return onSomeHost;
     }
+    if (docker === undefined) return undefined;
     try {
       await docker.getImage(image).inspect();
       return true;

@@ -4,13 +4,11 @@
 // across Redis reconnects and restarts), with a group event once every sample of a task has ended;
 // status, cancel, retry by kind. Exported by the package as `rollout-fleet/client`.
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
-import path from 'node:path';
+import type { Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import { FlowProducer, Queue } from 'bullmq';
 import { Redis } from 'ioredis';
-import { stringify } from 'yaml';
 import { EPISODES_QUEUE, type EpisodeResult } from '../../queues/episodes/contract.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
 import type { FailureKind } from '../errors/failure-kind.ts';
@@ -19,18 +17,27 @@ import { enqueueBatch, type EnqueuedBatch } from '../producer/enqueue-batch.ts';
 import { retryByKind, type RetryReport } from '../producer/retry-by-kind.ts';
 import { summarize, type BatchSummary } from '../results/batch-summary.ts';
 import { ResultsStore } from '../results/results-store.ts';
+import type { ArtifactStore } from '../artifacts/artifact-store.ts';
+import { openArtifactStore } from '../artifacts/open-store.ts';
+import { EPISODE_ID_PATTERN } from '../ids/episode-id.ts';
+import { trajectoryRecords, type TrajectoryRecord } from '../results/trajectory-export.ts';
 import type { BatchFile } from '../tasks/batch-spec.ts';
-import { loadBatch } from '../tasks/load-task.ts';
+import { loadBatch, loadBatchObject, type LoadedBatch } from '../tasks/load-task.ts';
+import { storeTaskFolder, storeUploadedTask, type StoredTask } from '../tasks/task-upload.ts';
 
 export type { EpisodeResult } from '../../queues/episodes/contract.ts';
 export type { BatchSummary } from '../results/batch-summary.ts';
+export type { TrajectoryRecord } from '../results/trajectory-export.ts';
+export type { StoredTask } from '../tasks/task-upload.ts';
 
 export interface FleetClientOptions {
   redisUrl: string;
   /** The fleet's key prefix (FLEET_PREFIX). @default 'rf' */
   prefix?: string;
-  /** Where result files are written by this client's records (rarely used). @default the temp folder */
+  /** The fleet's data folder (FLEET_DATA_DIR): evidence is read there unless `artifacts` says otherwise. @default the temp folder */
   dataDir?: string;
+  /** Where evidence and trajectories are kept (FLEET_ARTIFACTS: s3://bucket/prefix or a folder). @default dataDir */
+  artifacts?: string;
   /** Checks an image before enqueueing; unset, images are not checked here (workers refuse unknown ones). */
   imageExists?: (image: string) => Promise<boolean | undefined>;
 }
@@ -45,8 +52,18 @@ export type BatchEvent =
    */
   | { kind: 'group'; cursor: string; taskId: string; rewards: (number | null)[]; results: EpisodeResult[] };
 
-/** A batch as an object: task folders are absolute paths; the rest as in a batch file. */
+/**
+ * A batch as an object: each task a folder (relative to the working folder) or a stored task
+ * (`{ digest }` from `uploadTask`); the rest as in a batch file.
+ */
 export type BatchSpec = Omit<BatchFile, 'samples' | 'defaults'> & Partial<Pick<BatchFile, 'samples' | 'defaults'>> & { name: string };
+
+/** One evidence file of an episode's attempt. */
+export interface EvidenceEntry {
+  attempt: number;
+  name: string;
+  bytes: number;
+}
 
 const taskOf = (episodeId: string, batchId: string) => episodeId.slice(batchId.length + 1).replace(/\.\d+$/, '');
 
@@ -57,6 +74,7 @@ export class FleetClient {
     private readonly reader: Redis,
     private readonly prefix: string,
     private readonly store: ResultsStore,
+    private readonly artifacts: ArtifactStore,
     private readonly opts: FleetClientOptions,
   ) {}
 
@@ -67,29 +85,85 @@ export class FleetClient {
     // Connection errors are retried by ioredis (and by the iterator); they are not the caller's.
     for (const r of [redis, reader]) r.on('error', () => undefined);
     await redis.ping();
-    return new FleetClient(redis, reader, prefix, new ResultsStore(redis, prefix, opts.dataDir ?? os.tmpdir()), opts);
+    const dataDir = opts.dataDir ?? os.tmpdir();
+    return new FleetClient(redis, reader, prefix, new ResultsStore(redis, prefix, dataDir), openArtifactStore(opts.artifacts, dataDir), opts);
   }
 
-  /** Enqueue a batch file, or a batch object (written to a temp file and read as one). Idempotent. */
+  /** Check, pack and store a task folder; batches name it by the digest returned. */
+  async uploadTask(dir: string): Promise<StoredTask> {
+    return storeTaskFolder(dir, { redis: this.redis, prefix: this.prefix });
+  }
+
+  /** The same for a task sent as a tar of its folder's contents (the API's upload), read as hostile. */
+  async uploadTaskTar(tar: Buffer): Promise<StoredTask> {
+    return storeUploadedTask(tar, { redis: this.redis, prefix: this.prefix });
+  }
+
+  /**
+   * Enqueue a batch file, or a batch object. Idempotent: the same batch names the same batch id and is
+   * not added twice (`added: false`). Nothing is enqueued from a batch with any problem.
+   */
   async enqueue(batch: string | BatchSpec): Promise<EnqueuedBatch> {
-    let file = typeof batch === 'string' ? batch : undefined;
-    let dir: string | undefined;
-    if (typeof batch !== 'string') {
-      dir = await mkdtemp(path.join(os.tmpdir(), 'rf-client-'));
-      file = path.join(dir, `${batch.name}.yaml`);
-      await writeFile(file, stringify(batch));
-    }
+    const archives = { redis: this.redis, prefix: this.prefix };
+    return this.enqueueLoaded(typeof batch === 'string'
+      ? await loadBatch(batch, archives)
+      : await loadBatchObject(batch, { file: 'batch', base: process.cwd(), archives }));
+  }
+
+  /**
+   * Enqueue a batch object from someone else (the API's request body): stored tasks only, never a
+   * folder of this machine; messages name the fields as `request: <field>: ...`.
+   */
+  async enqueueRequest(body: unknown): Promise<EnqueuedBatch> {
+    return this.enqueueLoaded(await loadBatchObject(body, { file: 'request', archives: { redis: this.redis, prefix: this.prefix } }));
+  }
+
+  private async enqueueLoaded(loaded: LoadedBatch): Promise<EnqueuedBatch> {
     const flows = new FlowProducer({ connection: this.redis, prefix: this.prefix });
     flows.on('error', () => undefined);
     try {
-      return await enqueueBatch(await loadBatch(file!), {
+      return await enqueueBatch(loaded, {
         flows, redis: this.redis, prefix: this.prefix, results: this.store,
         imageExists: this.opts.imageExists ?? (async () => undefined),
       });
     } finally {
       await flows.close();
-      if (dir !== undefined) await rm(dir, { recursive: true, force: true });
     }
+  }
+
+  /** One episode's result, or undefined while it has none. */
+  async result(batchId: string, episodeId: string): Promise<EpisodeResult | undefined> {
+    return this.store.get(batchId, episodeId);
+  }
+
+  /**
+   * The episode's trajectory document (task, status, reward, attempts, the checkpoint it resumed from,
+   * usage, timings, and the final attempt's conversation with token ids and logprobs when captured),
+   * or undefined while the episode has no result.
+   */
+  async trajectory(batchId: string, episodeId: string, signal: AbortSignal = AbortSignal.timeout(60_000)): Promise<TrajectoryRecord | undefined> {
+    const result = await this.store.get(batchId, episodeId);
+    if (result === undefined) return undefined;
+    for await (const record of trajectoryRecords([result], this.artifacts, signal)) return record;
+    return undefined;
+  }
+
+  /** The evidence files each attempt of the episode kept, attempts in order. */
+  async evidenceIndex(episodeId: string, signal: AbortSignal = AbortSignal.timeout(60_000)): Promise<EvidenceEntry[]> {
+    if (!EPISODE_ID_PATTERN.test(episodeId)) throw new TypeError(`episodeId: not an episode id (got ${JSON.stringify(episodeId.slice(0, 80))})`);
+    const base = `evidence/${episodeId}/`;
+    const entries: EvidenceEntry[] = [];
+    for (const { key, bytes } of await this.artifacts.list(base, { signal })) {
+      const match = /^attempt-(\d+)\/([^/]+)$/.exec(key.slice(base.length));
+      if (match !== null && !match[2]!.startsWith('.')) entries.push({ attempt: Number(match[1]), name: match[2]!, bytes });
+    }
+    return entries.sort((a, b) => a.attempt - b.attempt || a.name.localeCompare(b.name));
+  }
+
+  /** One evidence file as a stream, or undefined when the attempt kept none of that name. */
+  async openEvidence(episodeId: string, attempt: number, name: string, signal: AbortSignal): Promise<Readable | undefined> {
+    const entry = (await this.evidenceIndex(episodeId, signal)).find((e) => e.attempt === attempt && e.name === name);
+    return entry === undefined ? undefined : this.artifacts.open(`evidence/${episodeId}/attempt-${attempt}/${name}`, { signal });
   }
 
   /** The batch's summary so far, or undefined for an unknown batch. */

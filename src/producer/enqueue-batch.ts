@@ -14,11 +14,11 @@ import { printable } from '../errors/printable.ts';
 import type { ResultsStore } from '../results/results-store.ts';
 import { batchNameFromFile, type LoadedBatch } from '../tasks/load-task.ts';
 import { digestTask, packTask } from '../tasks/pack-task.ts';
-import { putTaskArchive } from '../tasks/task-store.ts';
+import { putTaskArchive, touchTaskArchive } from '../tasks/task-store.ts';
 
-/** A task of the plan: its folder and the digest its archive had when the plan was made. */
+/** A task of the plan: its folder (none for a stored task) and the digest its archive had when the plan was made. */
 export interface PlannedTask {
-  dir: string;
+  dir?: string;
   digest: string;
 }
 
@@ -57,7 +57,7 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
   const name = batch.name ?? batchNameFromFile(loaded.file);
   if (name === undefined) throw invalidBatch(loaded.file, 'name: missing, and the file name gives none: set name: (got nothing)');
   const tasks: Array<PlannedTask & { spec: LoadedBatch['tasks'][number]['spec'] }> = [];
-  for (const t of loaded.tasks) tasks.push({ dir: t.dir, spec: t.spec, digest: await digestTask(t.dir) });
+  for (const t of loaded.tasks) tasks.push({ ...(t.dir !== undefined && { dir: t.dir }), spec: t.spec, digest: t.digest ?? (await digestTask(t.dir)) });
   const identity = JSON.stringify({
     name,
     samples: batch.samples,
@@ -96,15 +96,20 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
       jobs.push(parsed.data);
     }
   }
-  return { batchId, name, jobs, tasks: tasks.map(({ dir, digest }) => ({ dir, digest })) };
+  return { batchId, name, jobs, tasks: tasks.map(({ dir, digest }) => ({ ...(dir !== undefined && { dir }), digest })) };
 }
 
 /**
  * Pack each planned task again and store it, one at a time; a folder that changed since the plan is
- * refused (its jobs name the old digest).
+ * refused (its jobs name the old digest). A stored task has its expiry pushed back, and is refused if
+ * it expired since it was read.
  */
 export async function storeTaskArchives(plan: Pick<BatchPlan, 'tasks'>, redis: Redis, prefix: string): Promise<void> {
   for (const { dir, digest } of plan.tasks) {
+    if (dir === undefined) {
+      if (!(await touchTaskArchive(redis, prefix, digest))) throw new FleetError('invalid_task', `tasks: the stored task ${digest} expired while the batch was being enqueued; upload it again`);
+      continue;
+    }
     const packed = await packTask(dir);
     if (packed.digest !== digest) throw invalidBatch(dir, 'changed while the batch was being enqueued; enqueue it again');
     await putTaskArchive(redis, prefix, packed);
@@ -124,7 +129,7 @@ export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps): Prom
       if ((await deps.imageExists(task.spec.image)) === false) {
         throw new FleetError(
           'image_not_found',
-          `${printable(path.join(task.dir, 'task.yaml'))}: image: not found on the Docker engine (got ${JSON.stringify(task.spec.image)})`,
+          `${task.dir === undefined ? `${printable(loaded.file)}: task ${task.spec.id} (${task.digest})` : printable(path.join(task.dir, 'task.yaml'))}: image: not found on the Docker engine (got ${JSON.stringify(task.spec.image)})`,
         );
       }
     }

@@ -4,14 +4,21 @@ import { z } from 'zod';
 import { AgentSpec, ModelOptions } from './agent-spec.ts';
 import { TaskDefaults } from './task-spec.ts';
 
+/** A task already packed and stored in the fleet's Redis, by the sha256 of its archive. */
+export const TaskDigest = z.string().regex(/^[a-f0-9]{64}$/, 'a task digest: 64 lower-case hex digits (sha256 of the task archive)');
+export const TaskDigestRef = z.strictObject({ digest: TaskDigest });
+
 export const BatchFile = z.strictObject({
   /** Shown in status and used as the start of the batch id. @default the file's base name */
   name: z
     .string()
     .regex(/^[a-z0-9][a-z0-9_-]{0,39}$/, 'lower-case letters, digits, - and _, at most 40 characters')
     .optional(),
-  /** Task folders (with task.yaml), or folders whose sub-folders are tasks. */
-  tasks: z.array(z.string().min(1)).min(1),
+  /**
+   * Task folders (with task.yaml), folders whose sub-folders are tasks, or tasks already packed and
+   * stored (`{ digest: <sha256 hex> }`, as the API's task upload and `FleetClient.uploadTask` return).
+   */
+  tasks: z.array(z.union([z.string().min(1), TaskDigestRef])).min(1).max(10_000),
   /** Episodes per task. @default 1 */
   samples: z.number().int().min(1).max(10_000).default(1),
   agent: AgentSpec,

@@ -10,13 +10,20 @@ import type { z } from 'zod';
 import { describeIssues } from '../config/zod-issues.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { printable } from '../errors/printable.ts';
+import type { Redis } from 'ioredis';
 import { BatchFile } from './batch-spec.ts';
+import { getTaskArchive } from './task-store.ts';
 import { TaskFile, TaskSpec, resolveTask, type TaskDefaults } from './task-spec.ts';
 
-export interface LoadedTask {
-  /** Absolute path of the task folder. */
-  dir: string;
-  spec: TaskSpec;
+/** A task of a batch: a folder on this machine, or an archive already stored by its digest. */
+export type LoadedTask =
+  | { /** Absolute path of the task folder. */ dir: string; digest?: undefined; spec: TaskSpec }
+  | { dir?: undefined; /** sha256 of the stored archive. */ digest: string; spec: TaskSpec };
+
+/** Where stored task archives are read from (tasks named by digest). */
+export interface ArchiveSource {
+  redis: Redis;
+  prefix: string;
 }
 
 export interface LoadedBatch {
@@ -77,7 +84,10 @@ async function readBounded(file: string, noFollow: boolean): Promise<string> {
 }
 
 async function readYaml(file: string, noFollow: boolean): Promise<unknown> {
-  const text = await readBounded(file, noFollow);
+  return parseYamlText(await readBounded(file, noFollow), file);
+}
+
+function parseYamlText(text: string, file: string): unknown {
   try {
     // logLevel 'error': YAML warnings would go to stderr with a piece of the file.
     return parseYaml(text, { logLevel: 'error' });
@@ -98,7 +108,7 @@ async function isDir(p: string): Promise<boolean> {
 }
 
 /** Load one task folder, resolved against the batch defaults. */
-export async function loadTask(dir: string, defaults: TaskDefaults = {}): Promise<LoadedTask> {
+export async function loadTask(dir: string, defaults: TaskDefaults = {}): Promise<LoadedTask & { dir: string }> {
   const abs = path.resolve(dir);
   const yamlFile = path.join(abs, 'task.yaml');
   const file = parseWith(TaskFile, await readYaml(yamlFile, true), yamlFile);
@@ -131,7 +141,7 @@ async function expandTaskPath(p: string, batchFile: string, index: number): Prom
 }
 
 /** The oracle runs solution/solve.sh: a task without it would fail on the worker, after the enqueue. */
-async function checkOracleSolution(task: LoadedTask): Promise<void> {
+async function checkOracleSolution(task: { dir: string }): Promise<void> {
   const solve = path.join(task.dir, 'solution', 'solve.sh');
   const ok = await stat(solve).then((s) => s.isFile(), () => false);
   if (!ok) throw invalid(task.dir, ['solution/solve.sh: missing (the oracle agent runs it; give the task a solution/ or use another agent)']);
@@ -150,28 +160,72 @@ export function batchNameFromFile(file: string): string | undefined {
 }
 
 /** Load and validate a batch file and every task it names. Throws on the first file with problems. */
-export async function loadBatch(batchPath: string): Promise<LoadedBatch> {
+export async function loadBatch(batchPath: string, archives?: ArchiveSource): Promise<LoadedBatch> {
   const file = path.resolve(batchPath);
   const parsed = parseWith(BatchFile, await readYaml(file, false), file);
+  return resolveBatch(parsed, { file, base: path.dirname(file), archives });
+}
+
+/**
+ * Validate a batch given as an object (the client's and the API's way in) and every task it names.
+ * `file` names the source in messages ("request"); `base` resolves relative task folders, and without
+ * one a batch may name stored tasks only (the API must never read its own disk for a caller).
+ */
+export async function loadBatchObject(input: unknown, where: { file: string; base?: string; archives?: ArchiveSource }): Promise<LoadedBatch> {
+  return resolveBatch(parseWith(BatchFile, input, where.file), where);
+}
+
+/** The task a stored archive holds, resolved against the batch's defaults. */
+async function loadStoredTask(digest: string, defaults: TaskDefaults, source: ArchiveSource, where: string): Promise<{ task: LoadedTask; hasSolution: boolean }> {
+  let archive;
+  try {
+    archive = await getTaskArchive(source.redis, source.prefix, digest);
+  } catch (err) {
+    if (err instanceof FleetError && err.code === 'task_archive_missing') {
+      throw new FleetError('task_archive_missing', `${printable(where)}: digest: no stored task has this digest (upload it first; stored tasks expire 30 days after their last use) (got ${JSON.stringify(digest)})`);
+    }
+    throw err;
+  }
+  const yamlFile = `${where} (task ${digest.slice(0, 12)}) task.yaml`;
+  const text = archive.readText('task.yaml');
+  if (text === undefined) throw invalid(yamlFile, ['missing']);
+  const file = parseWith(TaskFile, parseYamlText(text, yamlFile), yamlFile);
+  const spec = parseWith(TaskSpec, resolveTask(file, defaults), yamlFile);
+  return { task: { digest, spec }, hasSolution: archive.files('solution').has('solve.sh') };
+}
+
+async function resolveBatch(parsed: BatchFile, where: { file: string; base?: string; archives?: ArchiveSource }): Promise<LoadedBatch> {
+  const { file } = where;
   const name = parsed.name ?? batchNameFromFile(file);
   if (name === undefined) throw invalid(file, ['name: missing, and the file name gives none: set name: (got nothing)']);
   const batch = { ...parsed, name };
-  const base = path.dirname(file);
-  const dirs: string[] = [];
-  for (const [index, p] of batch.tasks.entries()) {
-    dirs.push(...(await expandTaskPath(path.resolve(base, p), file, index)));
-  }
   const tasks: LoadedTask[] = [];
   const seen = new Map<string, string>();
-  for (const dir of dirs) {
-    const task = await loadTask(dir, batch.defaults);
-    if (batch.agent.kind === 'oracle') await checkOracleSolution(task);
+  const add = (task: LoadedTask) => {
+    const source = task.dir ?? `task ${task.digest}`;
     const other = seen.get(task.spec.id);
-    if (other !== undefined && other !== dir) {
-      throw invalid(file, [`tasks: id ${JSON.stringify(task.spec.id)} is used by both ${printable(other)} and ${printable(dir)}`]);
+    if (other !== undefined && other !== source) {
+      throw invalid(file, [`tasks: id ${JSON.stringify(task.spec.id)} is used by both ${printable(other)} and ${printable(source)}`]);
     }
     if (other === undefined) tasks.push(task);
-    seen.set(task.spec.id, dir);
+    seen.set(task.spec.id, source);
+  };
+  for (const [index, entry] of batch.tasks.entries()) {
+    if (typeof entry !== 'string') {
+      if (where.archives === undefined) throw invalid(file, [`tasks.${index}: a stored task needs the fleet's Redis (got ${JSON.stringify(entry.digest)})`]);
+      const { task, hasSolution } = await loadStoredTask(entry.digest, batch.defaults, where.archives, `${file}: tasks.${index}`);
+      if (batch.agent.kind === 'oracle' && !hasSolution) {
+        throw invalid(file, [`tasks.${index}: solution/solve.sh: missing (the oracle agent runs it; give the task a solution/ or use another agent)`]);
+      }
+      add(task);
+      continue;
+    }
+    if (where.base === undefined) throw invalid(file, [`tasks.${index}: a task folder is not accepted here; upload the task and name its digest (got ${printable(JSON.stringify(entry))})`]);
+    for (const dir of await expandTaskPath(path.resolve(where.base, entry), file, index)) {
+      const task = await loadTask(dir, batch.defaults);
+      if (batch.agent.kind === 'oracle') await checkOracleSolution(task);
+      add(task);
+    }
   }
   return { file, batch, tasks };
 }

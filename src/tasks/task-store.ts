@@ -14,6 +14,11 @@ export async function putTaskArchive(redis: Redis, prefix: string, packed: Packe
   await redis.set(taskArchiveKey(prefix, packed.digest), packed.archive, 'EX', TASK_ARCHIVE_TTL_SEC);
 }
 
+/** Push back a stored archive's expiry; false when it is not stored (any more). */
+export async function touchTaskArchive(redis: Redis, prefix: string, digest: string): Promise<boolean> {
+  return (await redis.expire(taskArchiveKey(prefix, digest), TASK_ARCHIVE_TTL_SEC)) === 1;
+}
+
 export async function getTaskArchive(redis: Redis, prefix: string, digest: string): Promise<TaskArchive> {
   const archive = await redis.getBuffer(taskArchiveKey(prefix, digest));
   if (archive === null) {

@@ -1,0 +1,111 @@
+// Storing a task so batches can name it by digest: from a folder (the TypeScript client), or from a tar
+// sent to the API (POST /v1/tasks). An upload is read as hostile: plain files and folders only (no
+// links, devices or FIFOs), no absolute names and no `..`, only task.yaml, workspace/, tests/ and
+// solution/ at the top, bounded in size and entries. It is unpacked into a private temporary folder and
+// then checked and packed exactly as a task folder on disk is, so the digest is the one `enqueue` gives
+// the same folder.
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { Readable } from 'node:stream';
+import tar from 'tar-stream';
+import { collectBytes } from '../archive/tar-buffer.ts';
+import { FleetError } from '../errors/fleet-error.ts';
+import { printable } from '../errors/printable.ts';
+import { loadTask, type ArchiveSource } from './load-task.ts';
+import { MAX_TASK_ARCHIVE_BYTES, TASK_PARTS, packTask } from './pack-task.ts';
+import { putTaskArchive } from './task-store.ts';
+
+/** Entries one uploaded task may hold. */
+export const MAX_UPLOAD_ENTRIES = 10_000;
+
+export interface StoredTask {
+  /** sha256 of the task archive: what a batch names. */
+  digest: string;
+  /** The task's id from its task.yaml. */
+  taskId: string;
+  /** Size of the stored archive. */
+  bytes: number;
+}
+
+/** Check, pack and store the task folder `dir`. */
+export async function storeTaskFolder(dir: string, source: ArchiveSource): Promise<StoredTask> {
+  const task = await loadTask(dir);
+  const packed = await packTask(task.dir);
+  await putTaskArchive(source.redis, source.prefix, packed);
+  return { digest: packed.digest, taskId: task.spec.id, bytes: packed.archive.length };
+}
+
+const refuse = (message: string) => new FleetError('invalid_task', `body: ${message}`);
+
+/** The entry's path inside the task, or undefined for the archive's own root ("./"). */
+function entryPath(raw: string): string | undefined {
+  if (raw.includes('\0')) throw refuse(`${printable(JSON.stringify(raw.replaceAll('\0', '\\0')))}: a name with a NUL byte`);
+  if (raw.startsWith('/')) throw refuse(`${printable(JSON.stringify(raw))}: an absolute name (names are relative to the task folder)`);
+  const segments = raw.split('/').filter((s) => s !== '' && s !== '.');
+  if (segments.includes('..')) throw refuse(`${printable(JSON.stringify(raw))}: a name with .. (it would leave the task folder)`);
+  if (segments.length === 0) return undefined;
+  const [top] = segments as [string];
+  if (!(TASK_PARTS as readonly string[]).includes(top)) {
+    throw refuse(`${printable(JSON.stringify(raw))}: not part of a task (only task.yaml, workspace/, tests/ and solution/ at the top: tar the folder's contents, e.g. tar -C my-task -cf - .)`);
+  }
+  return segments.join('/');
+}
+
+/** Unpack an uploaded task tar into `dir` (empty, private), refusing anything a task folder cannot hold. */
+async function unpackUpload(body: Buffer, dir: string): Promise<void> {
+  if (body.length > MAX_TASK_ARCHIVE_BYTES) throw refuse(`larger than ${MAX_TASK_ARCHIVE_BYTES} bytes (got ${body.length} bytes)`);
+  if (body.length >= 2 && body[0] === 0x1f && body[1] === 0x8b) throw refuse('a gzip stream: send the plain tar (Content-Type: application/x-tar)');
+  const extract = tar.extract();
+  let entries = 0;
+  try {
+    for await (const entry of Readable.from([body]).pipe(extract)) {
+      const { header } = entry;
+      if (++entries > MAX_UPLOAD_ENTRIES) throw refuse(`more than ${MAX_UPLOAD_ENTRIES} entries`);
+      const rel = entryPath(header.name);
+      if (header.type !== 'file' && header.type !== 'contiguous-file' && header.type !== 'directory') {
+        const what = header.type === 'symlink' || header.type === 'link' ? 'a link (links are not accepted in an upload)' : `a ${header.type ?? 'special'} entry (only files and folders)`;
+        throw refuse(`${printable(JSON.stringify(header.name))}: ${what}`);
+      }
+      if (rel === undefined) {
+        if (header.type !== 'directory') throw refuse(`${printable(JSON.stringify(header.name))}: a file in place of the task folder`);
+        entry.resume();
+        continue;
+      }
+      const target = path.join(dir, rel);
+      if (header.type === 'directory') {
+        await mkdir(target, { recursive: true });
+        entry.resume();
+        continue;
+      }
+      await mkdir(path.dirname(target), { recursive: true });
+      const data = await collectBytes(entry);
+      // wx: an archive that names one file twice is refused, not silently resolved.
+      await writeFile(target, data, { flag: 'wx', mode: ((header.mode ?? 0o644) & 0o111) !== 0 ? 0o755 : 0o644 }).catch((err: NodeJS.ErrnoException) => {
+        throw refuse(`${printable(JSON.stringify(header.name))}: ${err.code === 'EEXIST' ? 'named twice in the archive' : err.code === 'EISDIR' ? 'a file where a folder is' : `cannot be written (${err.code ?? 'error'})`}`);
+      });
+    }
+  } catch (err) {
+    extract.destroy();
+    if (err instanceof FleetError) throw err;
+    throw refuse(`not a readable tar archive (${printable((err as Error).message)})`);
+  }
+  if (entries === 0) throw refuse('an empty archive (expected task.yaml, workspace/ and tests/)');
+}
+
+/** Check, pack and store a task uploaded as a tar of its folder's contents. */
+export async function storeUploadedTask(body: Buffer, source: ArchiveSource): Promise<StoredTask> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-upload-'));
+  try {
+    await unpackUpload(body, dir);
+    return await storeTaskFolder(dir, source);
+  } catch (err) {
+    // Messages about the temporary folder speak of the upload instead.
+    if (err instanceof FleetError && err.message.includes(dir)) {
+      throw new FleetError(err.code, err.message.replaceAll(`${dir}/`, 'body: ').replaceAll(dir, 'body'));
+    }
+    throw err;
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
