@@ -15,6 +15,7 @@ need_pkgs=()
 command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
 command -v patchelf >/dev/null 2>&1 || need_pkgs+=(patchelf)
 command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
+command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)  # the example trainer (examples/trainer) runs in the tests
 [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx patch || need_pkgs+=(busybox-static)
 [ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
 command -v docker-compose >/dev/null 2>&1 || need_pkgs+=(docker-compose)
