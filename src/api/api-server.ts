@@ -249,7 +249,7 @@ export function createApiApp(opts: ApiOptions): express.Express {
     await needBatch(batchId);
     const foreign = episodeIds?.find((id) => !id.startsWith(`${batchId}.`));
     if (foreign !== undefined) throw new ApiError(400, 'episodeIds', `episodeIds: not an episode of batch ${batchId} (got ${JSON.stringify(foreign)})`);
-    res.json({ outcomes: await client.cancel(batchId, episodeIds) });
+    res.json({ outcomes: (await client.cancel(batchId, { ...(episodeIds && { episodeIds }), by: 'api' })).outcomes });
   });
 
   app.post('/v1/batches/:batchId/retry', json, async (req, res) => {

@@ -4,7 +4,7 @@ import { once } from 'node:events';
 import type { AddressInfo } from 'node:net';
 import { parseArgs } from 'node:util';
 import { createApiApp } from '../api/api-server.ts';
-import { FleetClient } from '../client/fleet-client.ts';
+import { cliClient } from './cli-client.ts';
 import { API_OPTIONS } from './command-table.ts';
 import { UsageError, connectProducer, requireRedisUrl, type Cli } from './context.ts';
 import { imageChecker } from './queue-clients.ts';
@@ -23,8 +23,7 @@ export async function apiCommand(cli: Cli, args: string[]): Promise<number> {
   const redisUrl = requireRedisUrl(config);
   // Images are checked against what the live workers report (the API host needs no Docker engine).
   const facts = await connectProducer(redisUrl);
-  const client = await FleetClient.connect({
-    redisUrl, prefix: config.FLEET_PREFIX, dataDir: config.FLEET_DATA_DIR, artifacts: config.FLEET_ARTIFACTS,
+  const client = await cliClient(cli, {
     // A checker per call: its facts are read once per checker, and the API outlives many batches.
     imageExists: (image) => imageChecker(undefined, { redis: facts, prefix: config.FLEET_PREFIX })(image),
   });

@@ -1,14 +1,13 @@
-// `rollout-fleet enqueue <batch.yaml>`: validate a batch and enqueue its episodes; with --wait, follow
-// its progress and print the summary.
+// `rollout-fleet enqueue <batch.yaml>`: validate a batch and enqueue its episodes through the client;
+// with --wait, follow its progress and print the summary.
 import { parseArgs } from 'node:util';
-import { enqueueBatch } from '../producer/enqueue-batch.ts';
 import { formatSummary } from '../results/batch-summary.ts';
 import { ResultsStore } from '../results/results-store.ts';
-import { loadBatch } from '../tasks/load-task.ts';
 import { COMMANDS, ENQUEUE_OPTIONS, commandUsage } from './command-table.ts';
+import { cliClient } from './cli-client.ts';
 import { UsageError, connectProducer, positiveOption, requireRedisUrl, type Cli } from './context.ts';
 import { progressView, waitForBatch } from './progress.ts';
-import { episodesQueue, flowProducer, imageChecker } from './queue-clients.ts';
+import { episodesQueue, imageChecker } from './queue-clients.ts';
 
 export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> {
   const { values, positionals } = parseArgs({ args, allowPositionals: true, options: ENQUEUE_OPTIONS });
@@ -17,18 +16,17 @@ export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> 
   const timeoutMs = positiveOption('timeout-ms', values['timeout-ms']) ?? Infinity;
   const { config } = cli;
   const docker = await cli.docker();
-  const loaded = await loadBatch(file);
+  // The fleet's connection for the image check (live hosts' facts) and the wait's progress.
   const redis = await connectProducer(requireRedisUrl(config));
-  const flows = flowProducer(redis, config.FLEET_PREFIX);
-  // They relay the connection's errors; the wait below says once that Redis is away (an 'error'
-  // without a listener would end the process instead).
-  flows.on('error', () => undefined);
+  const client = await cliClient(cli, { imageExists: imageChecker(docker, { redis, prefix: config.FLEET_PREFIX }) }).catch(async (err: unknown) => {
+    await redis.quit().catch(() => redis.disconnect());
+    throw err;
+  });
   // Made only to follow the batch: a Queue writes its meta key when made, and a rejected batch must
   // leave Redis as it found it.
   let queue: ReturnType<typeof episodesQueue> | undefined;
   try {
-    const results = new ResultsStore(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR);
-    const plan = await enqueueBatch(loaded, { flows, redis, prefix: config.FLEET_PREFIX, results, imageExists: imageChecker(docker, { redis, prefix: config.FLEET_PREFIX }) });
+    const plan = await client.enqueue(file);
     if (!plan.added) process.stderr.write(`batch ${plan.batchId} was enqueued before; nothing added\n`);
     if (!values.wait) {
       process.stdout.write(values.json ? `${JSON.stringify({ batchId: plan.batchId, episodes: plan.jobs.length, added: plan.added })}\n` : `${plan.batchId}\n`);
@@ -36,12 +34,13 @@ export async function enqueueCommand(cli: Cli, args: string[]): Promise<number> 
     }
     queue = episodesQueue(redis, config.FLEET_PREFIX);
     queue.on('error', () => undefined);
+    const results = new ResultsStore(redis, config.FLEET_PREFIX, config.FLEET_DATA_DIR);
     const summary = await waitForBatch(results, queue, redis, plan.batchId, progressView(process.stderr), timeoutMs);
     process.stdout.write(values.json ? `${JSON.stringify(summary)}\n` : `${formatSummary(summary)}\n`);
     // Exit 4: the wait timed out before every episode had a result (the batch goes on).
     return summary.finished ? 0 : 4;
   } finally {
-    await flows.close();
+    await client.close();
     await queue?.close();
     await redis.quit().catch(() => redis.disconnect());
   }

@@ -7,20 +7,19 @@ import { randomBytes } from 'node:crypto';
 import os from 'node:os';
 import type { Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
-import { FlowProducer, Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { EPISODES_QUEUE, type EpisodeResult } from '../../queues/episodes/contract.ts';
+import { redactUrlCredentials } from '../config/zod-issues.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
 import type { FailureKind } from '../errors/failure-kind.ts';
 import { cancelEpisode, type CancelOutcome } from '../producer/cancel-episodes.ts';
 import { enqueueBatch, type EnqueuedBatch } from '../producer/enqueue-batch.ts';
 import { retryByKind, type RetryReport } from '../producer/retry-by-kind.ts';
-import { summarize, type BatchSummary } from '../results/batch-summary.ts';
+import type { BatchSummary } from '../results/batch-summary.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import type { ArtifactStore } from '../artifacts/artifact-store.ts';
-import { openArtifactStore } from '../artifacts/open-store.ts';
 import { EPISODE_ID_PATTERN } from '../ids/episode-id.ts';
-import { trajectoryRecords, type TrajectoryRecord } from '../results/trajectory-export.ts';
+import type { TrajectoryRecord } from '../results/trajectory-export.ts';
 import type { BatchFile } from '../tasks/batch-spec.ts';
 import { loadBatch, loadBatchObject, type LoadedBatch } from '../tasks/load-task.ts';
 import { storeTaskFolder, storeUploadedTask, type StoredTask } from '../tasks/task-upload.ts';
@@ -67,6 +66,11 @@ export interface EvidenceEntry {
 
 const taskOf = (episodeId: string, batchId: string) => episodeId.slice(batchId.length + 1).replace(/\.\d+$/, '');
 
+/** The fleet's Redis could not be reached when the client connected. */
+export class FleetConnectionError extends Error {
+  override readonly name = 'FleetConnectionError';
+}
+
 export class FleetClient {
   private constructor(
     private readonly redis: Redis,
@@ -74,19 +78,44 @@ export class FleetClient {
     private readonly reader: Redis,
     private readonly prefix: string,
     private readonly store: ResultsStore,
-    private readonly artifacts: ArtifactStore,
+    private readonly dataDir: string,
     private readonly opts: FleetClientOptions,
   ) {}
 
+  // BullMQ, the S3 client and the trajectory reader load on first use: `status` in a loop needs none.
+  private artifactStore: Promise<ArtifactStore> | undefined;
+  private artifacts(): Promise<ArtifactStore> {
+    this.artifactStore ??= import('../artifacts/open-store.ts').then(({ openArtifactStore }) => openArtifactStore(this.opts.artifacts, this.dataDir));
+    return this.artifactStore;
+  }
+
+  private async queue(): Promise<import('bullmq').Queue> {
+    const { Queue } = await import('bullmq');
+    const queue = new Queue(EPISODES_QUEUE, { connection: this.redis, prefix: this.prefix });
+    queue.on('error', () => undefined);
+    return queue;
+  }
+
+  /**
+   * Connect to the fleet's Redis. A Redis that cannot be reached now fails here, at once, with a
+   * FleetConnectionError (the URL's password masked); once connected, the client waits out outages.
+   */
   static async connect(opts: FleetClientOptions): Promise<FleetClient> {
     const prefix = opts.prefix ?? 'rf';
-    const redis = new Redis(opts.redisUrl, { maxRetriesPerRequest: null, connectionName: 'rf-client' });
-    const reader = redis.duplicate({ connectionName: 'rf-client-reader' });
+    const redis = new Redis(opts.redisUrl, { maxRetriesPerRequest: null, connectionName: 'rf-client', lazyConnect: true });
+    let lastError: Error | undefined;
     // Connection errors are retried by ioredis (and by the iterator); they are not the caller's.
-    for (const r of [redis, reader]) r.on('error', () => undefined);
-    await redis.ping();
+    redis.on('error', (err: Error) => (lastError = err));
+    try {
+      await redis.connect();
+    } catch (err) {
+      redis.disconnect();
+      throw new FleetConnectionError(`cannot connect to Redis at ${redactUrlCredentials(opts.redisUrl)}: ${redactUrlCredentials((lastError ?? (err as Error)).message)}`);
+    }
+    const reader = redis.duplicate({ connectionName: 'rf-client-reader' });
+    reader.on('error', () => undefined);
     const dataDir = opts.dataDir ?? os.tmpdir();
-    return new FleetClient(redis, reader, prefix, new ResultsStore(redis, prefix, dataDir), openArtifactStore(opts.artifacts, dataDir), opts);
+    return new FleetClient(redis, reader, prefix, new ResultsStore(redis, prefix, dataDir), dataDir, opts);
   }
 
   /** Check, pack and store a task folder; batches name it by the digest returned. */
@@ -119,6 +148,7 @@ export class FleetClient {
   }
 
   private async enqueueLoaded(loaded: LoadedBatch): Promise<EnqueuedBatch> {
+    const { FlowProducer } = await import('bullmq');
     const flows = new FlowProducer({ connection: this.redis, prefix: this.prefix });
     flows.on('error', () => undefined);
     try {
@@ -144,7 +174,8 @@ export class FleetClient {
   async trajectory(batchId: string, episodeId: string, signal: AbortSignal = AbortSignal.timeout(60_000)): Promise<TrajectoryRecord | undefined> {
     const result = await this.store.get(batchId, episodeId);
     if (result === undefined) return undefined;
-    for await (const record of trajectoryRecords([result], this.artifacts, signal)) return record;
+    const { trajectoryRecords } = await import('../results/trajectory-export.ts');
+    for await (const record of trajectoryRecords([result], await this.artifacts(), signal)) return record;
     return undefined;
   }
 
@@ -153,7 +184,7 @@ export class FleetClient {
     if (!EPISODE_ID_PATTERN.test(episodeId)) throw new TypeError(`episodeId: not an episode id (got ${JSON.stringify(episodeId.slice(0, 80))})`);
     const base = `evidence/${episodeId}/`;
     const entries: EvidenceEntry[] = [];
-    for (const { key, bytes } of await this.artifacts.list(base, { signal })) {
+    for (const { key, bytes } of await (await this.artifacts()).list(base, { signal })) {
       const match = /^attempt-(\d+)\/([^/]+)$/.exec(key.slice(base.length));
       if (match !== null && !match[2]!.startsWith('.')) entries.push({ attempt: Number(match[1]), name: match[2]!, bytes });
     }
@@ -163,14 +194,12 @@ export class FleetClient {
   /** One evidence file as a stream, or undefined when the attempt kept none of that name. */
   async openEvidence(episodeId: string, attempt: number, name: string, signal: AbortSignal): Promise<Readable | undefined> {
     const entry = (await this.evidenceIndex(episodeId, signal)).find((e) => e.attempt === attempt && e.name === name);
-    return entry === undefined ? undefined : this.artifacts.open(`evidence/${episodeId}/attempt-${attempt}/${name}`, { signal });
+    return entry === undefined ? undefined : (await this.artifacts()).open(`evidence/${episodeId}/attempt-${attempt}/${name}`, { signal });
   }
 
   /** The batch's summary so far, or undefined for an unknown batch. */
   async status(batchId: string): Promise<BatchSummary | undefined> {
-    const manifest = await this.store.getManifest(batchId);
-    if (manifest === undefined) return undefined;
-    return summarize(batchId, manifest.episodeIds.length, await this.store.results(batchId));
+    return this.store.summary(batchId);
   }
 
   /**
@@ -259,24 +288,35 @@ export class FleetClient {
     }
   }
 
-  /** Cancel episodes of the batch (all when none named). */
-  async cancel(batchId: string, episodeIds?: string[]): Promise<Record<string, CancelOutcome>> {
-    const manifest = await this.store.getManifest(batchId);
-    if (manifest === undefined) throw new TypeError(`batchId: no batch ${JSON.stringify(batchId)}`);
-    const queue = new Queue(EPISODES_QUEUE, { connection: this.redis, prefix: this.prefix });
+  /**
+   * Cancel a batch (every episode, or those named) or one episode: a waiting episode is removed and
+   * recorded cancelled, a running one told to stop, one already closing left to finish ('closing').
+   * Throws a TypeError naming `target` when it is neither a batch nor an episode in this Redis.
+   */
+  async cancel(target: string, opts: { episodeIds?: string[]; by?: string } = {}): Promise<{ batchId: string; batch: boolean; outcomes: Record<string, CancelOutcome> }> {
+    const manifest = await this.store.getManifest(target);
+    const queue = await this.queue();
     try {
-      const deps = { queue, results: this.store, control: new EpisodeControl(this.redis, this.prefix), by: `client-${randomBytes(3).toString('hex')}` };
-      const out: Record<string, CancelOutcome> = {};
-      for (const id of episodeIds ?? manifest.episodeIds) out[id] = await cancelEpisode(deps, id);
-      return out;
+      const deps = { queue, results: this.store, control: new EpisodeControl(this.redis, this.prefix), by: opts.by ?? `client-${randomBytes(3).toString('hex')}` };
+      const outcomes: Record<string, CancelOutcome> = {};
+      for (const id of manifest ? (opts.episodeIds ?? manifest.episodeIds) : [target]) outcomes[id] = await cancelEpisode(deps, id);
+      if (manifest === undefined && outcomes[target] === 'unknown') throw new TypeError(`target: no episode or batch ${JSON.stringify(target)} in this Redis`);
+      // A batch id has no dot (a name and a hash): an episode id starts with its batch's.
+      return { batchId: manifest ? target : target.split('.')[0]!, batch: manifest !== undefined, outcomes };
     } finally {
       await queue.close();
     }
   }
 
+  /** The episode's result once it has one, waiting at most `timeoutMs`; undefined after that. */
+  async waitForResult(batchId: string, episodeId: string, timeoutMs: number): Promise<EpisodeResult | undefined> {
+    const { waitForResult } = await import('../producer/cancel-episodes.ts');
+    return waitForResult(this.store, batchId, episodeId, timeoutMs);
+  }
+
   /** Run again the batch's episodes that failed with `kind`. */
   async retryByKind(batchId: string, kind: FailureKind): Promise<RetryReport> {
-    const queue = new Queue(EPISODES_QUEUE, { connection: this.redis, prefix: this.prefix });
+    const queue = await this.queue();
     try {
       return await retryByKind({ queue, redis: this.redis, prefix: this.prefix, results: this.store, control: new EpisodeControl(this.redis, this.prefix) }, batchId, kind);
     } finally {

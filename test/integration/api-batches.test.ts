@@ -51,7 +51,7 @@ describe('HTTP API: tasks, batches, episodes', () => {
   let server: http.Server;
   let base: string;
 
-  const post = (route: string, body: BodyInit | undefined, headers: Record<string, string> = {}) =>
+  const post = (route: string, body: string | Uint8Array | undefined, headers: Record<string, string> = {}) =>
     fetch(`${base}${route}`, { method: 'POST', body, headers: { ...auth, ...headers } });
   const postJson = (route: string, value: unknown) => post(route, JSON.stringify(value), { 'content-type': 'application/json' });
   const upload = async (entries: Entry[]) => post('/v1/tasks', await tarOf(entries), { 'content-type': 'application/x-tar' });
