@@ -35,11 +35,17 @@ async function composeConfig(env: Record<string, string>) {
 }
 
 describe('docker-compose.yml', () => {
-  it('renders the fleet: durable Redis, scalable workers, dashboard, model stub', async () => {
-    const { ok, config, stderr } = await composeConfig({ FLEET_DASHBOARD_USER: 'ops', FLEET_DASHBOARD_PASSWORD: 'pw', FLEET_DATA_DIR: '/srv/fleet' });
+  it('renders the fleet: durable Redis, scalable workers, dashboard, API, model stub', async () => {
+    const { ok, config, stderr } = await composeConfig({ FLEET_DASHBOARD_USER: 'ops', FLEET_DASHBOARD_PASSWORD: 'pw', FLEET_API_TOKEN: 'a-token-of-16-chars', FLEET_DATA_DIR: '/srv/fleet' });
     expect(ok, stderr).toBe(true);
     const s = config!.services;
-    expect(Object.keys(s).sort()).toEqual(['dashboard', 'model-stub', 'redis', 'worker']);
+    expect(Object.keys(s).sort()).toEqual(['api', 'dashboard', 'model-stub', 'redis', 'worker']);
+
+    const api = s.api!;
+    expect(api.command).toEqual(['api']);
+    expect(api.environment).toMatchObject({ FLEET_API_TOKEN: 'a-token-of-16-chars', FLEET_API_HOST: '0.0.0.0', REDIS_URL: 'redis://redis:6379' });
+    expect(api.ports).toEqual(['127.0.0.1:3100:3100/tcp']);
+    expect(api.volumes).toEqual(['/srv/fleet:/srv/fleet:ro']);
 
     expect(s.redis!.command).toEqual(expect.arrayContaining(['--appendonly', 'yes', '--maxmemory-policy', 'noeviction']));
     expect(s.redis!.ports?.every((p) => p.startsWith('127.0.0.1:'))).toBe(true);
@@ -71,12 +77,15 @@ describe('docker-compose.yml', () => {
     expect(firstLine.toString()).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/v1/);
     expect(s.worker!.environment).toMatchObject({ MODEL_BASE_URL: 'http://model-stub:8000/v1' });
     // One image for the fleet's services, built from this repository.
-    for (const name of ['worker', 'dashboard', 'model-stub']) expect([s[name]!.image, s[name]!.build], name).toEqual(['rollout-fleet:local', { context: ROOT.replace(/\/$/, '') }]);
+    for (const name of ['worker', 'dashboard', 'api', 'model-stub']) expect([s[name]!.image, s[name]!.build], name).toEqual(['rollout-fleet:local', { context: ROOT.replace(/\/$/, '') }]);
   });
 
-  it('refuses to render without dashboard credentials', async () => {
-    const { ok, stderr } = await composeConfig({});
+  it('refuses to render without dashboard credentials or an API token', async () => {
+    const { ok, stderr } = await composeConfig({ FLEET_API_TOKEN: 'a-token-of-16-chars' });
     expect(ok).toBe(false);
     expect(stderr).toContain('set FLEET_DASHBOARD_USER');
+    const noToken = await composeConfig({ FLEET_DASHBOARD_USER: 'ops', FLEET_DASHBOARD_PASSWORD: 'pw' });
+    expect(noToken.ok).toBe(false);
+    expect(noToken.stderr).toContain('set FLEET_API_TOKEN');
   });
 });

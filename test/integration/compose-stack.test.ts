@@ -1,6 +1,6 @@
 // docker-compose.yml started for real, with the images built offline from this host
-// (.ci/build-fleet-images.sh, docker-compose.offline.yml): Redis, three worker replicas, the dashboard
-// and the model stub. The demo batch is enqueued from the host's CLI and runs through the worker
+// (.ci/build-fleet-images.sh, docker-compose.offline.yml): Redis, three worker replicas, the dashboard,
+// the API and the model stub. The demo batch is enqueued from the host's CLI and runs through the worker
 // containers (sandboxes created through the mounted socket, the runtime generation prepared from
 // inside a container, the proxy's socket folder bound at the same path on both sides). One worker
 // container is stopped mid-batch: it drains (exit 0) and its episodes finish on the others, each
@@ -24,6 +24,7 @@ import { closedPort } from '../helpers/model.ts';
 const run = promisify(execFile);
 const USER = 'ops';
 const PASSWORD = `pw-${randomBytes(6).toString('hex')}`;
+const API_TOKEN = `token-${randomBytes(12).toString('hex')}`;
 
 describe('docker-compose stack, started for real', () => {
   const project = `rfc${randomBytes(3).toString('hex')}`;
@@ -32,6 +33,7 @@ describe('docker-compose stack, started for real', () => {
   let queue: Queue;
   let results: ResultsStore;
   let dashboardUrl: string;
+  let apiUrl: string;
   const started = performance.now();
 
   const compose = (...args: string[]) =>
@@ -43,15 +45,16 @@ describe('docker-compose stack, started for real', () => {
   beforeAll(async () => {
     await run('bash', [path.join(ROOT, '.ci/build-fleet-images.sh')]);
     const dataDir = await mkdtemp(path.join(os.tmpdir(), 'rf-compose-'));
-    const [redisPort, dashboardPort] = [await closedPort(), await closedPort()];
+    const [redisPort, dashboardPort, apiPort] = [await closedPort(), await closedPort(), await closedPort()];
     const base = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('FLEET_') && !k.startsWith('MODEL_') && k !== 'REDIS_URL'));
     env = {
       ...base, FLEET_DASHBOARD_USER: USER, FLEET_DASHBOARD_PASSWORD: PASSWORD, FLEET_DATA_DIR: dataDir, FLEET_PREFIX: project,
-      FLEET_REDIS_PORT: String(redisPort), FLEET_DASHBOARD_PORT: String(dashboardPort),
+      FLEET_REDIS_PORT: String(redisPort), FLEET_DASHBOARD_PORT: String(dashboardPort), FLEET_API_PORT: String(apiPort), FLEET_API_TOKEN: API_TOKEN,
       // Episodes long enough to be stopped in the middle; a short drain, so a stopped worker hands them back.
       MODEL_STUB_DELAY_MS: '700', FLEET_DRAIN_TIMEOUT_MS: '1000', LOG_LEVEL: 'warn',
     };
     dashboardUrl = `http://127.0.0.1:${dashboardPort}`;
+    apiUrl = `http://127.0.0.1:${apiPort}`;
     await compose('up', '-d', '--no-build', '--scale', 'worker=3');
     redis = new Redis(`redis://127.0.0.1:${redisPort}`, { maxRetriesPerRequest: null, lazyConnect: true });
     // Refused until the stack's Redis is up: polled below, not reported.
@@ -88,6 +91,9 @@ describe('docker-compose stack, started for real', () => {
     await waitFor('the dashboard', async () => (await fetch(`${dashboardUrl}/healthz`).then((r) => r.ok, () => false)), 60_000, 250);
     expect((await fetch(`${dashboardUrl}/batches`)).status).toBe(401);
     expect((await fetch(`${dashboardUrl}/batches`, { headers: { authorization: auth } })).status).toBe(200);
+    // The API: 401 without the token.
+    await waitFor('the API', async () => (await fetch(`${apiUrl}/healthz`).then((r) => r.ok, () => false)), 60_000, 250);
+    expect((await fetch(`${apiUrl}/v1/batches/none`)).status).toBe(401);
 
     // The demo batch, from the host's CLI.
     const cliEnv = { ...env, REDIS_URL: `redis://127.0.0.1:${env.FLEET_REDIS_PORT}` };
@@ -125,6 +131,11 @@ describe('docker-compose stack, started for real', () => {
     }
     await waitFor('every sandbox removed', async () => (await sandboxes()).length === 0, 60_000, 250);
     step('every sandbox removed');
+    // The API container reads the same batch: its summary and, as NDJSON, every result once.
+    const bearer = { authorization: `Bearer ${API_TOKEN}` };
+    expect(await (await fetch(`${apiUrl}/v1/batches/${batchId}`, { headers: bearer })).json()).toMatchObject({ total: manifest.episodeIds.length, finished: true });
+    const streamed = (await (await fetch(`${apiUrl}/v1/batches/${batchId}/results`, { headers: bearer })).text()).trim().split('\n').map((l) => JSON.parse(l) as { kind: string; result?: { episodeId: string } });
+    expect(streamed.filter((e) => e.kind === 'result').map((e) => e.result!.episodeId).sort()).toEqual([...manifest.episodeIds].sort());
 
     // `docker-compose stop` drains every worker: exit 0.
     await compose('stop');
