@@ -26,16 +26,23 @@ export interface ApiOptions {
   /** Required bearer token; undefined only when the API listens on loopback (the command enforces it). */
   token: string | undefined;
   log: Logger;
+  /** A comment line on a quiet SSE stream this often. @default 15000 */
+  keepAliveMs?: number;
 }
 
 const CURSOR = /^(\d{1,20}-\d{1,20}(:g)?|0)$/;
 const BATCH_ID = /^[a-z0-9][a-z0-9_.-]{0,120}$/;
+const KEEP_ALIVE_MS = 15_000;
 /** JSON bodies are a page of settings: a batch of 10,000 digests is about 700 KB. */
 const MAX_JSON_BYTES = 1024 * 1024;
 
 const ErrorBody = z.object({ error: z.object({ field: z.string().optional(), message: z.string() }) });
 const ResultEvent = z.object({ kind: z.literal('result'), cursor: z.string(), result: EpisodeResult });
-const GroupEvent = z.object({ kind: z.literal('group'), cursor: z.string(), taskId: z.string(), rewards: z.array(z.number().nullable()) });
+const GroupEvent = z.object({
+  kind: z.literal('group'), cursor: z.string(), taskId: z.string(),
+  /** The task's episodes in sample order, and their rewards in the same order (null: not graded). */
+  episodeIds: z.array(z.string()), rewards: z.array(z.number().nullable()),
+});
 const StoredTaskBody = z.object({ digest: z.string(), taskId: z.string(), bytes: z.number().int() });
 /** A batch over HTTP: a batch file's fields, its tasks named by digest (a folder on the server never). */
 export const BatchRequest = BatchFile.extend({
@@ -299,7 +306,8 @@ export function createApiApp(opts: ApiOptions): express.Express {
     const sse = (req.headers.accept ?? '').includes('text/event-stream');
     const lastEventId = req.headers['last-event-id'];
     const after = (typeof lastEventId === 'string' && lastEventId !== '' ? lastEventId : undefined) ?? (typeof req.query.after === 'string' ? req.query.after : undefined) ?? '0';
-    if (!CURSOR.test(after)) throw new ApiError(400, sse ? 'Last-Event-ID' : 'after', `after: not a cursor (got ${JSON.stringify(after.slice(0, 80))})`);
+    const field = typeof lastEventId === 'string' && lastEventId !== '' ? 'Last-Event-ID' : 'after';
+    if (!CURSOR.test(after)) throw new ApiError(400, field, `${field}: not a cursor: expected an event id this stream sent, or 0 (got ${JSON.stringify(after.slice(0, 80))})`);
     await needBatch(batchId);
     const gone = new AbortController();
     res.on('close', () => gone.abort());
@@ -307,11 +315,14 @@ export function createApiApp(opts: ApiOptions): express.Express {
       ? { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' }
       : { 'content-type': 'application/x-ndjson; charset=utf-8', 'cache-control': 'no-cache' });
     res.flushHeaders();
+    // A comment line every 15 s while no episode ends: proxies and clients do not take a quiet stream
+    // for a dead one. (NDJSON has no comments: its readers wait.)
+    const keepAlive = sse ? setInterval(() => res.write(': keep-alive\n\n'), opts.keepAliveMs ?? KEEP_ALIVE_MS) : undefined;
     try {
       for await (const event of client.results(batchId, { after, signal: gone.signal, blockMs: 1_000 })) {
         const body = event.kind === 'result'
           ? { kind: 'result', cursor: event.cursor, result: event.result }
-          : { kind: 'group', cursor: event.cursor, taskId: event.taskId, rewards: event.rewards };
+          : { kind: 'group', cursor: event.cursor, taskId: event.taskId, episodeIds: event.episodeIds, rewards: event.rewards };
         const text = JSON.stringify(body);
         // Every event carries its cursor as its id: a reconnect resumes right after the last one received.
         const written = sse ? res.write(`id: ${event.cursor}\nevent: ${event.kind}\ndata: ${text}\n\n`) : res.write(`${text}\n`);
@@ -321,6 +332,8 @@ export function createApiApp(opts: ApiOptions): express.Express {
       if (sse) res.write('event: end\ndata: {}\n\n');
     } catch (err) {
       if (!gone.signal.aborted) log.warn({ batchId, err: String(err) }, 'result stream ended by an error');
+    } finally {
+      clearInterval(keepAlive);
     }
     res.end();
   });

@@ -49,7 +49,7 @@ export type BatchEvent =
    * cursor is the last result's with `:g`: resuming from it does not send the group again; resuming
    * from the result's own cursor does.
    */
-  | { kind: 'group'; cursor: string; taskId: string; rewards: (number | null)[]; results: EpisodeResult[] };
+  | { kind: 'group'; cursor: string; taskId: string; episodeIds: string[]; rewards: (number | null)[]; results: EpisodeResult[] };
 
 /**
  * A batch as an object: each task a folder (relative to the working folder) or a stored task
@@ -215,8 +215,9 @@ export class FleetClient {
     let cursor = groupAcked ? from.slice(0, -2) : from;
     const manifest = await this.retrying(() => this.store.getManifest(batchId), opts.signal);
     if (manifest === undefined) throw new TypeError(`batchId: no batch ${JSON.stringify(batchId)}`);
-    const samples = new Map<string, number>();
-    for (const id of manifest.episodeIds) samples.set(taskOf(id, batchId), (samples.get(taskOf(id, batchId)) ?? 0) + 1);
+    // Each task's episodes, in sample order (the manifest's): a group names them and reads only them.
+    const episodesOf = new Map<string, string[]>();
+    for (const id of manifest.episodeIds) episodesOf.set(taskOf(id, batchId), [...(episodesOf.get(taskOf(id, batchId)) ?? []), id]);
     // Groups already complete before the cursor were announced then: known from what precedes it.
     const startedAt = cursor;
     const before = cursor === '0' ? [] : await this.retrying(() => this.completionsUpTo(batchId, startedAt), opts.signal);
@@ -226,13 +227,14 @@ export class FleetClient {
       const set = ended.get(task) ?? new Set<string>();
       set.add(episodeId);
       ended.set(task, set);
-      return { task, done: set.size === samples.get(task) };
+      return { task, done: set.size === episodesOf.get(task)?.length };
     };
     const announced = new Set<string>();
     const groupEvent = async (task: string, at: string): Promise<BatchEvent> => {
       announced.add(task);
-      const results = (await this.retrying(() => this.store.results(batchId), opts.signal)).filter((r) => taskOf(r.episodeId, batchId) === task);
-      return { kind: 'group', cursor: `${at}:g`, taskId: task, rewards: results.map((r) => r.reward), results };
+      const episodeIds = episodesOf.get(task) ?? [];
+      const results = (await this.retrying(() => Promise.all(episodeIds.map((id) => this.store.get(batchId, id))), opts.signal)).filter((r) => r !== undefined);
+      return { kind: 'group', cursor: `${at}:g`, taskId: task, episodeIds: results.map((r) => r.episodeId), rewards: results.map((r) => r.reward), results };
     };
     for (const c of before) {
       const { task, done } = mark(c.episodeId);

@@ -96,15 +96,51 @@ describe('HTTP API: the result stream', () => {
     expect(results.map((r) => r.result.episodeId).sort()).toEqual(plan.jobs.map((j) => j.episodeId).sort());
     const ms = results.map((r) => r.cursor.split('-').map(Number) as [number, number]);
     for (let i = 1; i < ms.length; i++) expect(ms[i]![0] > ms[i - 1]![0] || (ms[i]![0] === ms[i - 1]![0] && ms[i]![1] > ms[i - 1]![1])).toBe(true);
-    const groups = all.filter((e) => e.event === 'group').map((e) => JSON.parse(e.data) as { taskId: string; rewards: number[] });
+    const groups = all.filter((e) => e.event === 'group').map((e) => JSON.parse(e.data) as { taskId: string; episodeIds: string[]; rewards: number[] });
     expect(groups.map((g) => g.taskId).sort()).toEqual(['one', 'two']);
-    for (const g of groups) expect(g.rewards).toEqual(Array(8).fill(1));
+    for (const g of groups) {
+      expect(g.rewards).toEqual(Array(8).fill(1));
+      // The group names its episodes in sample order, the rewards in the same order.
+      expect(g.episodeIds).toEqual(plan.jobs.filter((j) => j.task.id === g.taskId).map((j) => j.episodeId));
+    }
 
     // NDJSON from a cursor: exactly what came after it.
     const third = results[2]!.cursor;
     const ndjson = await (await fetch(`${url}?after=${third}`, { headers: auth })).text();
     const after = ndjson.trim().split('\n').map((l) => JSON.parse(l) as { kind: string; cursor: string });
     expect(after.filter((e) => e.kind === 'result').map((e) => e.cursor)).toEqual(results.slice(3).map((r) => r.cursor));
+  });
+
+  it('keeps a quiet SSE stream alive with comment lines', async () => {
+    const quiet = createApiApp({ client, token: TOKEN, log: silentLog, keepAliveMs: 50 }).listen(0, '127.0.0.1');
+    await new Promise((resolve) => quiet.once('listening', resolve));
+    const task = { yaml: 'id: slow\ninstruction: wait\nverify:\n  command: "true"\n  timeoutSec: 10\ndeadlineSec: 120\n', files: { 'tests/.keep': '' } };
+    const plan = await client.enqueue(await writeBatch('name: api-quiet\ntasks: [tasks]\nagent: { kind: command, command: "sleep 60" }\n', { slow: task }));
+    try {
+      const text = await new Promise<string>((resolve, reject) => {
+        const req = http.get(`http://127.0.0.1:${(quiet.address() as AddressInfo).port}/v1/batches/${plan.batchId}/results`, { headers: { accept: 'text/event-stream', authorization: `Bearer ${TOKEN}` } }, (res) => {
+          let got = '';
+          res.setEncoding('utf8');
+          res.on('data', (chunk: string) => {
+            got += chunk;
+            if (got.split(': keep-alive\n\n').length > 2) {
+              req.destroy();
+              resolve(got);
+            }
+          });
+        });
+        req.on('error', (err) => (req.destroyed ? undefined : reject(err)));
+      });
+      // Two keep-alives and nothing else: no episode has ended.
+      expect(text.replaceAll(': keep-alive\n\n', '')).toBe('');
+      const badId = await fetch(`http://127.0.0.1:${(quiet.address() as AddressInfo).port}/v1/batches/${plan.batchId}/results`, { headers: { accept: 'text/event-stream', authorization: `Bearer ${TOKEN}`, 'last-event-id': 'nonsense' } });
+      expect(badId.status).toBe(400);
+      expect(await badId.json()).toMatchObject({ error: { field: 'Last-Event-ID', message: expect.stringMatching(/^Last-Event-ID: /) } });
+    } finally {
+      await client.cancel(plan.batchId);
+      quiet.closeAllConnections();
+      await new Promise((resolve) => quiet.close(resolve));
+    }
   });
 
   it('refuses without the token, and names the field of a bad cursor or an unknown batch', async () => {
