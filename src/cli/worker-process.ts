@@ -125,7 +125,9 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const snapshotLimits = opts.snapshotLimits ?? DEFAULT_SNAPSHOT_LIMITS;
 
   const connection = new Redis(opts.redisUrl, { maxRetriesPerRequest: null, connectionName: `rf-worker-${workerId}` });
-  const subscriber = connection.duplicate({ connectionName: `rf-worker-${workerId}-cancel` });
+  // disableClientInfo: ioredis 5.8.2+ may send CLIENT SETINFO and INFO after SUBSCRIBE on (re)connect, which
+  // Redis refuses in subscriber mode ("only subscriber commands may be used"; ioredis #2037).
+  const subscriber = connection.duplicate({ connectionName: `rf-worker-${workerId}-cancel`, disableClientInfo: true });
   // Queues built on `connection` relay its errors: they count toward its outage. BullMQ Workers
   // duplicate it for their blocking reads, so each Worker is a source of its own.
   const outages = new RedisOutageLog(log);
