@@ -74,13 +74,14 @@ export class FleetConnectionError extends Error {
 export class FleetClient {
   private constructor(
     private readonly redis: Redis,
-    /** XREAD BLOCK holds its connection: the iterator reads on its own one. */
-    private readonly reader: Redis,
     private readonly prefix: string,
     private readonly store: ResultsStore,
     private readonly dataDir: string,
     private readonly opts: FleetClientOptions,
   ) {}
+
+  /** The connections of the result iterators now open (closed with the client). */
+  private readonly readers = new Set<Redis>();
 
   // BullMQ, the S3 client and the trajectory reader load on first use: `status` in a loop needs none.
   private artifactStore: Promise<ArtifactStore> | undefined;
@@ -112,10 +113,8 @@ export class FleetClient {
       redis.disconnect();
       throw new FleetConnectionError(`cannot connect to Redis at ${redactUrlCredentials(opts.redisUrl)}: ${redactUrlCredentials((lastError ?? (err as Error)).message)}`);
     }
-    const reader = redis.duplicate({ connectionName: 'rf-client-reader' });
-    reader.on('error', () => undefined);
     const dataDir = opts.dataDir ?? os.tmpdir();
-    return new FleetClient(redis, reader, prefix, new ResultsStore(redis, prefix, dataDir), dataDir, opts);
+    return new FleetClient(redis, prefix, new ResultsStore(redis, prefix, dataDir), dataDir, opts);
   }
 
   /** Check, pack and store a task folder; batches name it by the digest returned. */
@@ -243,22 +242,35 @@ export class FleetClient {
       if (c.cursor === startedAt && !groupAcked) yield await groupEvent(task, c.cursor);
       else announced.add(task);
     }
-    for (;;) {
-      opts.signal?.throwIfAborted();
-      const batch = await this.retrying(() => this.store.completions(batchId, cursor, { blockMs: opts.blockMs ?? 2_000 }, this.reader), opts.signal);
-      for (const c of batch) {
-        cursor = c.cursor;
-        const result = await this.retrying(() => this.store.get(batchId, c.episodeId), opts.signal);
-        if (result === undefined) continue; // forgotten since (a retry by kind): its next result comes later
-        yield { kind: 'result', cursor, result };
-        const { task, done } = mark(c.episodeId);
-        if (done && !announced.has(task)) yield await groupEvent(task, cursor);
+    // XREAD BLOCK holds its connection: each iterator reads on its own, or a stream waiting on a quiet
+    // batch would hold back every other one (the API serves many). An abort ends the wait at once.
+    const reader = this.redis.duplicate({ connectionName: 'rf-client-reader' });
+    reader.on('error', () => undefined);
+    this.readers.add(reader);
+    const hangUp = () => reader.disconnect();
+    opts.signal?.addEventListener('abort', hangUp, { once: true });
+    try {
+      for (;;) {
+        opts.signal?.throwIfAborted();
+        const batch = await this.retrying(() => this.store.completions(batchId, cursor, { blockMs: opts.blockMs ?? 2_000 }, reader), opts.signal);
+        for (const c of batch) {
+          cursor = c.cursor;
+          const result = await this.retrying(() => this.store.get(batchId, c.episodeId), opts.signal);
+          if (result === undefined) continue; // forgotten since (a retry by kind): its next result comes later
+          yield { kind: 'result', cursor, result };
+          const { task, done } = mark(c.episodeId);
+          if (done && !announced.has(task)) yield await groupEvent(task, cursor);
+        }
+        if ((await this.retrying(() => this.store.resultCount(batchId), opts.signal)) >= manifest.episodeIds.length) {
+          // Everything recorded; one more read (not blocking) makes sure nothing came after the last one read.
+          const rest = await this.retrying(() => this.store.completions(batchId, cursor), opts.signal);
+          if (rest.length === 0) return;
+        }
       }
-      if (batch.length === 0 && (await this.retrying(() => this.store.resultCount(batchId), opts.signal)) >= manifest.episodeIds.length) {
-        // Everything recorded; one more read makes sure nothing arrived after the last one read.
-        const rest = await this.retrying(() => this.store.completions(batchId, cursor), opts.signal);
-        if (rest.length === 0) return;
-      }
+    } finally {
+      opts.signal?.removeEventListener('abort', hangUp);
+      this.readers.delete(reader);
+      reader.disconnect();
     }
   }
 
@@ -327,7 +339,8 @@ export class FleetClient {
   }
 
   async close(): Promise<void> {
-    await Promise.all([this.redis, this.reader].map((r) => r.quit().catch(() => r.disconnect())));
+    for (const reader of this.readers) reader.disconnect();
+    await this.redis.quit().catch(() => this.redis.disconnect());
   }
 }
 
