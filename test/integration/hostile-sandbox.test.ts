@@ -57,9 +57,11 @@ describe('hostile sandboxes', () => {
       // stay zombies holding the verifier's pids.
       // The agent ends when a fork of its own fails (fatal in busybox sh): the limit is reached.
       orphans: task('orphans', "echo fixed > state.txt\nsetsid sh -c 'while :; do (sleep 1000 &) 2>/dev/null; done' </dev/null >/dev/null 2>&1 &\necho orphans=filling\nwhile (true); do :; done\n"),
-      // A fork bomb still running at the agent's ceiling (the agent blocks on a FIFO, no fork needed,
-      // again when the bomb's signals interrupt it): graded as a timeout, never "the verifier could not fork".
-      'fork-bomb': task('fork-bomb', 'mkfifo /tmp/never\necho fixed > state.txt\nf() { f | f & }\nf\nwhile :; do read x < /tmp/never; done\n', { ceilingSec: 3 }),
+      // A fork bomb still running at the agent's ceiling: graded as a timeout, never "the verifier could
+      // not fork". The agent then becomes a sleep (exec: no fork needed, and SIGCHLD from the bomb is
+      // ignored). It used to block reading a FIFO in a loop: under load, the bomb's signals interrupted
+      // the FIFO's open, a redirection error that made the shell exit 2 before the ceiling.
+      'fork-bomb': task('fork-bomb', 'echo fixed > state.txt\nf() { f | f & }\nf\nexec sleep 100000\n', { ceilingSec: 3 }),
       // A child the kernel OOM-kills (not the container's init): the result must say so.
       // tail keeps everything it reads (no newline ever comes): 64 MB cannot fit in 32. It volunteers as the
       // OOM killer's victim (oom_score_adj 1000), so the kernel never picks the agent's shell. The ceiling leaves
