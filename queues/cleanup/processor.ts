@@ -6,6 +6,7 @@ import type Docker from 'dockerode';
 import { reapOrphans, type ReapDeps, type ReapReport } from '../../src/cleanup/reap-orphans.ts';
 import { describeIssues } from '../../src/config/zod-issues.ts';
 import { removeStaleGenerations } from '../../src/runtime/remove-stale-generations.ts';
+import { sandboxClaimKey } from '../../src/redis/redis-keys.ts';
 import { engineId } from '../../src/sandbox/docker-client.ts';
 import { removeContainer } from '../../src/sandbox/sandbox-session.ts';
 import { CleanupJob, REAP_JOB, REMOVE_SANDBOX_JOB, type CleanupResult } from './contract.ts';
@@ -36,6 +37,8 @@ export function cleanupProcessor(deps: CleanupProcessorDeps) {
       throw new Error(`sandbox ${parsed.data.containerId.slice(0, 12)} runs on engine ${parsed.data.engineId}, not this worker's (${mine}); left for a worker of its host`);
     }
     await removeContainer(deps.docker, parsed.data.containerId, parsed.data.timeoutMs);
+    // A pooled sandbox's claim record is of no use once it is gone.
+    await deps.redis.del(sandboxClaimKey(deps.prefix, parsed.data.containerId));
     return { removed: parsed.data.containerId };
   };
 }

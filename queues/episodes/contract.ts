@@ -61,6 +61,8 @@ export const EpisodeResult = z.object({
   verifier: Captured.optional(),
   /** The runtime generation the sandbox mounted, whether it was already installed, and preparation time. */
   runtime: z.object({ generationId: z.string(), warm: z.boolean(), prepareMs: z.number() }).optional(),
+  /** The attempt's sandbox: its container, and whether it was a warm one claimed from the worker's pool. */
+  sandbox: z.object({ containerId: z.string(), pooled: z.boolean() }).optional(),
   /** The checkpoint (seq) this attempt resumed from, when an earlier attempt left one. */
   resumedFrom: z.number().int().optional(),
   /** Model tokens the agent used (LLM agents only). */

@@ -1,5 +1,6 @@
 // The reaper: removes sandboxes of this fleet whose worker's lease expired (the worker died) or whose
 // episode already has a result, salvaging the workspace of orphans first when the engine still has it.
+// A dead worker's warm (pooled, unclaimed) sandboxes go too; a claimed one counts as its episode's.
 // Runs as a scheduled job on the cleanup queue, so any live worker reaps for the dead ones.
 import type { Readable } from 'node:stream';
 import type Docker from 'dockerode';
@@ -8,7 +9,7 @@ import type { Logger } from 'pino';
 import type { EvidencePublisher } from '../evidence/publish-evidence.ts';
 import type { EvidenceStore } from '../evidence/evidence-store.ts';
 import { extractSafely, type ExtractLimits } from '../evidence/safe-extract.ts';
-import { leaseMissingKey, reapedCountKey } from '../redis/redis-keys.ts';
+import { leaseMissingKey, reapedCountKey, sandboxClaimKey } from '../redis/redis-keys.ts';
 import { dockerCall } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
@@ -54,16 +55,20 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
   const dead = await confirmedDead(deps, workers.filter((w) => !live.has(w)), live, now);
   for (const c of containers) {
     if (now - c.Created * 1000 < minAgeMs) continue;
-    const episodeId = c.Labels[LABEL.episode] ?? '';
-    const batchId = c.Labels[LABEL.batch] ?? '';
     const worker = c.Labels[LABEL.worker] ?? '';
     if (!live.has(worker) && !dead.has(worker)) continue; // missing lease not yet confirmed
+    // A pooled sandbox names no episode in its labels: the claim in Redis does, once one claimed it.
+    const claim = c.Labels[LABEL.pool] === undefined ? undefined : await readClaim(deps, c.Id);
+    const episodeId = claim?.episodeId ?? c.Labels[LABEL.episode] ?? '';
+    const batchId = claim?.batchId ?? c.Labels[LABEL.batch] ?? '';
     const leaseExpired = dead.has(worker);
-    const ended = !leaseExpired && (await deps.results.has(batchId, episodeId));
+    // A warm sandbox nobody claimed belongs to its (live) worker's pool.
+    const ended = !leaseExpired && episodeId !== '' && (await deps.results.has(batchId, episodeId));
     if (!leaseExpired && !ended) continue;
-    if (leaseExpired) report.salvaged += (await salvage(deps, c.Id, episodeId)) ? 1 : 0;
+    if (leaseExpired && episodeId !== '') report.salvaged += (await salvage(deps, c.Id, episodeId)) ? 1 : 0;
     try {
       await removeContainer(docker, c.Id, deps.callTimeoutMs);
+      if (claim !== undefined) await deps.redis.del(sandboxClaimKey(prefix, c.Id));
       report.removed.push({ containerId: c.Id, episodeId, reason: leaseExpired ? 'lease expired' : 'episode ended' });
       log.info({ containerId: c.Id, episodeId, reason: leaseExpired ? 'lease expired' : 'episode ended' }, 'sandbox reaped');
     } catch (err) {
@@ -72,6 +77,18 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
   }
   if (report.removed.length > 0) await deps.redis.incrby(reapedCountKey(prefix), report.removed.length);
   return report;
+}
+
+/** The episode that claimed a pooled sandbox, or undefined (unclaimed, or the record is unreadable). */
+async function readClaim(deps: ReapDeps, containerId: string): Promise<{ episodeId: string; batchId: string } | undefined> {
+  const text = await deps.redis.get(sandboxClaimKey(deps.prefix, containerId));
+  if (text === null) return undefined;
+  try {
+    const claim = JSON.parse(text) as { episodeId?: unknown; batchId?: unknown };
+    return typeof claim.episodeId === 'string' && typeof claim.batchId === 'string' ? { episodeId: claim.episodeId, batchId: claim.batchId } : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 /** The workers whose lease has been missing for at least confirmDeadAfterMs; clears marks of live ones. */

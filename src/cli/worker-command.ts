@@ -51,6 +51,7 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     log,
     workerId: config.FLEET_WORKER_ID,
     concurrency: positiveOption('concurrency', values.concurrency) ?? config.FLEET_WORKER_CONCURRENCY,
+    sandboxPool: config.FLEET_SANDBOX_POOL,
     callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS,
     outputCapBytes: config.FLEET_OUTPUT_CAP_BYTES,
     leaseTtlMs: config.FLEET_LEASE_TTL_MS,

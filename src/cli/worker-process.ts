@@ -38,6 +38,7 @@ import { RedisOutageLog } from '../redis/outage-log.ts';
 import { engineId } from '../sandbox/docker-client.ts';
 import { startHostFacts } from '../worker/host-facts.ts';
 import { startLease } from '../worker/lease.ts';
+import { SandboxPool } from '../sandbox/sandbox-pool.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
 
 export interface WorkerOptions {
@@ -48,6 +49,8 @@ export interface WorkerOptions {
   log: Logger;
   workerId: string;
   concurrency: number;
+  /** Warm sandboxes kept ready per kind (src/sandbox/sandbox-pool.ts). @default 0: none */
+  sandboxPool?: number;
   callTimeoutMs: number;
   outputCapBytes: number;
   /** @default 15000 */
@@ -200,6 +203,10 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   });
 
   const workerOpts = { connection, prefix, name: workerId, lockDuration, stalledInterval: lockDuration };
+  const pool = new SandboxPool({
+    docker, log, callTimeoutMs: opts.callTimeoutMs, redis: connection, prefix, workerId,
+    size: opts.sandboxPool ?? 0, runDir: path.join(opts.dataDir, 'run'),
+  });
   const episodeDeps: EpisodeProcessorDeps = {
     docker,
     redis: connection,
@@ -220,6 +227,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     model: opts.model && { ...opts.model, limiter: endpointLimiter(opts.model.baseUrl, opts.model.limits ?? {}, opts.model.requestTimeoutMs, { redis: connection, prefix, log }) },
     checkpoints: { sink: checkpointSink, store: checkpointStore },
     prepareRuntime: prepare,
+    pool,
     async scheduleCleanup(episodeId, containerId) {
       const data: CleanupJob = CleanupJob.parse({ episodeId, containerId, engineId: await engineId(docker, { timeoutMs: opts.callTimeoutMs }) });
       await cleanupQueue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
@@ -280,6 +288,8 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       clearTimeout(timer);
       // Counted before the connections go: an episode still here could not be handed back.
       const notHandedBack = running.size;
+      // The pool's warm sandboxes go with the worker (none is claimed any more).
+      await step('sandbox pool', () => pool.drain());
       await step('runtime warm-up', () => warmUp);
       await step('checkpoint sink', () => checkpointSink.close());
       await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close()]));

@@ -40,6 +40,11 @@ export const FleetConfig = z.object({
   FLEET_DOCKER_CALL_TIMEOUT_MS: positiveInt.default(30_000),
   /** Episodes one worker process runs at once. @default 2 */
   FLEET_WORKER_CONCURRENCY: positiveInt.default(2),
+  /**
+   * Warm sandboxes each worker keeps ready per kind (image, limits, runtime generation), created ahead
+   * so an episode's set-up claims a running one; 0 turns the pool off. @default 1
+   */
+  FLEET_SANDBOX_POOL: z.coerce.number().int().min(0).max(64).default(1),
   /** Cap of each captured output stream (agent, verifier) kept as evidence. @default 1048576 */
   FLEET_OUTPUT_CAP_BYTES: positiveInt.default(1024 * 1024),
   /** Name of this worker in labels and logs. @default <hostname>-<pid> */

@@ -75,7 +75,8 @@ export async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, s
   }
   // Last: the engine resolves the sandbox's bind mounts for every archive call, so the proxy's
   // (now empty) folder stays until nothing more is read from the sandbox. Not waited for.
-  if (state.proxy) void rm(path.dirname(state.proxy.socketPath), { recursive: true, force: true }).catch(() => undefined);
+  const runFolder = state.runFolder ?? (state.proxy && path.dirname(state.proxy.socketPath));
+  if (runFolder !== undefined) void rm(runFolder, { recursive: true, force: true }).catch(() => undefined);
   return closed;
 }
 

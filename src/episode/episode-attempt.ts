@@ -17,6 +17,7 @@ import type { EndpointLimiter } from '../model/endpoint-limiter.ts';
 import type { FleetLimits } from '../model/fleet-limits.ts';
 import type { ModelProxy } from '../model/model-proxy.ts';
 import type { RuntimeGeneration } from '../runtime/prepare-runtime.ts';
+import type { SandboxPool } from '../sandbox/sandbox-pool.ts';
 import type { ExecResult, SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
 import type { EpisodeControl } from './episode-control.ts';
@@ -46,6 +47,8 @@ export interface EpisodeDeps {
   checkpoints: { sink: CheckpointSink; store: CheckpointStorage };
   /** Copies each attempt's evidence into the artifact store every host reads. */
   publisher: EvidencePublisher;
+  /** Warm sandboxes set-up claims before creating one. @default none */
+  pool?: SandboxPool;
 }
 
 export interface ModelSettings {
@@ -93,6 +96,10 @@ export interface AttemptState {
   proxy?: ModelProxy;
   containerId?: string;
   session?: SandboxSession;
+  /** The sandbox was a warm one claimed from the worker's pool. */
+  pooled?: boolean;
+  /** The host folder bind-mounted into the sandbox (the model proxy's socket is there); close removes it. */
+  runFolder?: string;
   agentRun?: AgentRun;
   verifyRun?: ExecResult;
   imageId?: string;

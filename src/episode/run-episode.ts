@@ -101,6 +101,7 @@ function assembleResult(attempt: EpisodeAttempt, workerId: string, state: Attemp
     timings: state.timings,
     provenance: { taskDigest: job.taskDigest, image: job.task.image, ...(state.imageId && { imageId: state.imageId }), agent: job.agent },
     ...(state.runtime && { runtime: { generationId: state.runtime.generationId, warm: state.runtime.warm, prepareMs: state.runtime.prepareMs } }),
+    ...(state.containerId !== undefined && { sandbox: { containerId: state.containerId, pooled: state.pooled === true } }),
     ...(state.agentRun && { agent: summary(state.agentRun) }),
     ...(state.agentRun?.usage && { usage: state.agentRun.usage }),
     ...(state.resumedFrom !== undefined && { resumedFrom: state.resumedFrom }),

@@ -1,5 +1,6 @@
-// Set-up: fetch the task archive, prepare the runtime generation, start the model proxy (agents that
-// need a model), seed the episode's ONE sandbox session and copy the workspace in. Every step runs
+// Set-up: fetch the task archive, prepare the runtime generation, claim a warm sandbox of the worker's
+// pool (or, when none is ready, create the episode's own), start the model proxy (agents that need a
+// model), and copy the workspace into the episode's ONE sandbox session. Every step runs
 // under the set-up deadline, so a stalled Redis, engine or file system ends the phase at its reserve.
 import { createHash } from 'node:crypto';
 import { rm } from 'node:fs/promises';
@@ -7,7 +8,7 @@ import path from 'node:path';
 import type { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { MODEL_CALLS_FILE, modelSocketPath, startModelProxy, type ModelProxy } from '../model/model-proxy.ts';
-import { SANDBOX_USER, SandboxSession } from '../sandbox/sandbox-session.ts';
+import { SANDBOX_USER, SandboxSession, removeContainer } from '../sandbox/sandbox-session.ts';
 import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
@@ -20,24 +21,35 @@ export async function setUp(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
   state.archive = archive;
   const runtime = await deadline.run('preparing the runtime generation', (signal) => deps.prepareRuntime(signal));
   state.runtime = runtime;
+  const owner = { fleet: deps.prefix, episodeId: job.episodeId, batchId: job.batchId, workerId: deps.workerId, attempt: attempt.attempt };
+  const poolSpec = { image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount] };
+  // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
+  const pool = deps.pool;
+  const claimed = pool?.enabled
+    ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal), (late) => {
+      if (late !== undefined) void removeContainer(deps.docker, late.session.containerId, deps.callTimeoutMs).catch(() => undefined);
+    })
+    : undefined;
+  if (claimed !== undefined) {
+    state.containerId = claimed.session.containerId;
+    state.session = claimed.session;
+    state.runFolder = claimed.folder;
+    state.pooled = true;
+  }
   if (agentUsesModel(job.agent, deps.model !== undefined)) {
+    // In a claimed sandbox, the socket goes into the folder it was created with (a bind mount cannot be added).
+    const socketPath = claimed ? path.join(claimed.folder, 'model.sock') : episodeSocketPath(attempt, deps);
+    state.runFolder ??= path.dirname(socketPath);
     // A proxy that starts after the deadline is closed at once: nothing would ever close it otherwise.
-    state.proxy = await deadline.run('starting the model proxy', () => startEpisodeProxy(attempt, deps), (late) => {
+    state.proxy = await deadline.run('starting the model proxy', () => startEpisodeProxy(attempt, deps, socketPath), (late) => {
       late.close()
         .then(() => rm(path.dirname(late.socketPath), { recursive: true, force: true }))
         .catch((err: unknown) => log.warn({ err: String(err) }, 'closing a model proxy that started too late failed'));
     });
   }
-  const session = await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
+  const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
     { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
-    {
-      image: task.image,
-      workdir: task.workdir,
-      limits: task.limits,
-      owner: { fleet: deps.prefix, episodeId: job.episodeId, batchId: job.batchId, workerId: deps.workerId, attempt: attempt.attempt },
-      mounts: [runtime.mount],
-      bindFolders: state.proxy ? [path.dirname(state.proxy.socketPath)] : [],
-    },
+    { ...poolSpec, owner, bindFolders: state.proxy ? [path.dirname(state.proxy.socketPath)] : [] },
     // Registered as soon as the container exists, so close removes it even if set-up goes no further.
     (id) => {
       state.containerId = id;
@@ -52,16 +64,21 @@ export async function setUp(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
   return session;
 }
 
+/** Where the proxy's socket goes when the sandbox is the episode's own: a short folder of the attempt. */
+function episodeSocketPath(attempt: EpisodeAttempt, deps: EpisodeDeps): string {
+  // A short folder name: a Unix socket path must stay under 108 bytes.
+  const folderId = createHash('sha256').update(`${attempt.job.episodeId}/${attempt.attempt}`).digest('hex').slice(0, 16);
+  return modelSocketPath(deps.dataDir, folderId);
+}
+
 /** The episode's model proxy: the sandbox's one way out, to the configured endpoint only. */
-async function startEpisodeProxy(attempt: EpisodeAttempt, deps: EpisodeDeps): Promise<ModelProxy> {
+async function startEpisodeProxy(attempt: EpisodeAttempt, deps: EpisodeDeps, socketPath: string): Promise<ModelProxy> {
   const { job } = attempt;
   if (deps.model === undefined) {
     throw new FleetError('model_error', `agent ${job.agent.kind} needs a model, and MODEL_BASE_URL is not set on worker ${deps.workerId}`);
   }
-  // A short folder name: a Unix socket path must stay under 108 bytes.
-  const folderId = createHash('sha256').update(`${job.episodeId}/${attempt.attempt}`).digest('hex').slice(0, 16);
   return startModelProxy({
-    socketPath: modelSocketPath(deps.dataDir, folderId),
+    socketPath,
     upstreamBaseUrl: deps.model.baseUrl,
     apiKey: deps.model.apiKey,
     model: deps.model.name,

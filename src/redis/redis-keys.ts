@@ -124,3 +124,8 @@ export const checkpointFenceKey = (prefix: string, episodeId: string) => `${pref
 
 /** String with a TTL: one worker's facts (host, engine, runtime generation, images, free disk); `*` for a SCAN pattern. */
 export const workerFactsKey = (prefix: string, workerId: string) => `${prefix}:worker-facts:${workerId}`;
+
+// --- the warm sandbox pool ---
+
+/** String (JSON `{episodeId, batchId, attempt}`) with a TTL: the episode that claimed a pooled sandbox, for the reaper. */
+export const sandboxClaimKey = (prefix: string, containerId: string) => `${prefix}:sandbox-claim:${containerId}`;

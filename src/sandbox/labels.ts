@@ -14,6 +14,11 @@ export const LABEL = {
   prefix: 'rollout-fleet.prefix',
   /** On the never-started containers that fill or inspect a runtime volume: `install` or `probe`. */
   runtimeRole: 'rollout-fleet.runtime-role',
+  /**
+   * On warm sandboxes a worker created ahead (its id): they carry no episode, batch or attempt. Which
+   * episode claimed one is kept in Redis (sandboxClaimKey) for the reaper.
+   */
+  pool: 'rollout-fleet.pool',
 } as const;
 
 export interface SandboxOwner {
@@ -22,6 +27,11 @@ export interface SandboxOwner {
   batchId: string;
   workerId: string;
   attempt: number;
+}
+
+/** The labels of a warm sandbox of `workerId`'s pool, before any episode claims it. */
+export function pooledLabels(fleet: string, workerId: string): Record<string, string> {
+  return { [LABEL.managed]: '1', [LABEL.fleet]: fleet, [LABEL.worker]: workerId, [LABEL.pool]: workerId };
 }
 
 export function sandboxLabels(owner: SandboxOwner): Record<string, string> {

@@ -13,7 +13,7 @@ import { OutputCapture, type CapturedOutput } from './captured-output.ts';
 import { dockerCall, dockerError, dockerStatusOf } from './docker-client.ts';
 import { createDiskQuota, diskQuotaRefused } from './disk-quota.ts';
 import { watchOomEvents, type OomWatch } from './oom-events.ts';
-import { sandboxLabels, type SandboxOwner } from './labels.ts';
+import { pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
 
 /** The user every process in the sandbox runs as; files copied in are owned by it. */
 export const SANDBOX_USER = { uid: 1000, gid: 1000 } as const;
@@ -36,6 +36,8 @@ export interface SessionSpec {
   /** diskMb is optional: a session opened outside an episode (a probe, a test) need not cap its disk. */
   limits: Omit<Limits, 'diskMb'> & Partial<Pick<Limits, 'diskMb'>>;
   owner: SandboxOwner;
+  /** A warm sandbox of owner.workerId's pool: labelled as pooled, with no episode until one claims it. */
+  pooled?: boolean;
   /** Volumes mounted read-only. @default [] */
   mounts?: VolumeMount[];
   /** Host folders bind-mounted read-only at the same path (the model proxy's socket folder). @default [] */
@@ -131,7 +133,8 @@ export class SandboxSession {
 
     const { limits, owner } = spec;
     const memoryBytes = limits.memoryMb * 1024 * 1024;
-    const name = `rf-${owner.episodeId}-a${owner.attempt}-${randomBytes(3).toString('hex')}`.replace(/[^A-Za-z0-9_.-]/g, '_');
+    const name = (spec.pooled ? `rf-pool-${owner.workerId}-${randomBytes(3).toString('hex')}` : `rf-${owner.episodeId}-a${owner.attempt}-${randomBytes(3).toString('hex')}`)
+      .replace(/[^A-Za-z0-9_.-]/g, '_');
     const create = (storageOpt: Record<string, string> | undefined) => dockerCall('create container', call, (abortSignal) =>
       docker.createContainer({
         name,
@@ -143,7 +146,7 @@ export class SandboxSession {
         User: '0:0',
         WorkingDir: spec.workdir,
         Env: ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'HOME=/tmp'],
-        Labels: sandboxLabels(owner),
+        Labels: spec.pooled ? pooledLabels(owner.fleet, owner.workerId) : sandboxLabels(owner),
         NetworkDisabled: true,
         HostConfig: {
           NetworkMode: 'none',
@@ -191,6 +194,11 @@ export class SandboxSession {
     }
     deps.log.debug({ containerId: container.id, image: spec.image }, 'sandbox started');
     return session;
+  }
+
+  /** This (pooled) sandbox as the episode `owner`'s: the same container, now the episode's session. */
+  adopt(owner: SandboxOwner): SandboxSession {
+    return new SandboxSession(this.deps, this.container, this.containerId, this.imageId, { ...this.spec, owner, pooled: false }, this.diskEnforced, this.oom);
   }
 
   /** Write a tar (entry names relative to `path`) into the container. */

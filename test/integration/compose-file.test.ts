@@ -56,7 +56,7 @@ describe('docker-compose.yml', () => {
     expect(worker.container_name).toBeUndefined();
     expect(worker.ports).toBeUndefined();
     expect(worker.volumes).toEqual(expect.arrayContaining(['/var/run/docker.sock:/var/run/docker.sock:rw', '/srv/fleet:/srv/fleet:rw']));
-    expect(worker.environment).toMatchObject({ REDIS_URL: 'redis://redis:6379', FLEET_DATA_DIR: '/srv/fleet' });
+    expect(worker.environment).toMatchObject({ REDIS_URL: 'redis://redis:6379', FLEET_DATA_DIR: '/srv/fleet', FLEET_SANDBOX_POOL: '1' });
 
     const dashboard = s.dashboard!;
     expect(dashboard.command).toEqual(['dashboard']);

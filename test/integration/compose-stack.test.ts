@@ -17,6 +17,7 @@ import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
 import { ResultsStore } from '../../src/results/results-store.ts';
+import { sandboxClaimKey } from '../../src/redis/redis-keys.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { ROOT, docker, dropRuntimeCache, runCli, waitFor } from '../helpers/fleet.ts';
 import { closedPort } from '../helpers/model.ts';
@@ -129,7 +130,12 @@ describe('docker-compose stack, started for real', () => {
     for (const episodeId of running) {
       expect(all.find((r) => r.episodeId === episodeId)?.workerId, episodeId).not.toBe(workerId);
     }
-    await waitFor('every sandbox removed', async () => (await sandboxes()).length === 0, 60_000, 250);
+    // Every episode's sandbox removed; the workers' warm (pooled, unclaimed) ones stay until they stop.
+    const unclaimedPooled = async (c: { Id: string; Labels: Record<string, string> }) => c.Labels[LABEL.pool] !== undefined && !(await redis.exists(sandboxClaimKey(project, c.Id)));
+    await waitFor('every sandbox removed', async () => {
+      for (const c of await sandboxes()) if (!(await unclaimedPooled(c))) return false;
+      return true;
+    }, 60_000, 250);
     step('every sandbox removed');
     // The API container reads the same batch: its summary and, as NDJSON, every result once.
     const bearer = { authorization: `Bearer ${API_TOKEN}` };

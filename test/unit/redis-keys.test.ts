@@ -36,6 +36,8 @@ describe('redis keys', () => {
       keys.fleetKeyPattern(p),
       keys.bullmqJobKey(p, 'checkpoints', 'b.t.0.cp3'),
       keys.bullmqEventsKey(p, 'episodes'),
+      keys.batchCompletionsKey(p, 'b'),
+      keys.sandboxClaimKey(p, 'c0ffee'),
     ]).toEqual([
       'rf:runtime:last-used',
       'rf:runtime:lock:ENGINE:ID:gen1',
@@ -65,6 +67,8 @@ describe('redis keys', () => {
       'rf:*',
       'rf:checkpoints:b.t.0.cp3',
       'rf:episodes:events',
+      'rf:batch:b:completions',
+      'rf:sandbox-claim:c0ffee',
     ]);
   });
 });

@@ -1,0 +1,152 @@
+// The warm sandbox pool (src/sandbox/sandbox-pool.ts) on the real engine: episodes claim warm sandboxes
+// (hardened as any, used once, never returned), an llm episode's proxy socket lives in the claimed
+// sandbox's own folder, the claim is in Redis for the reaper; kill -9 of a worker with a full pool
+// leaves nothing once the reaper ran; a drain removes the pool; a runtime generation change drops
+// the sandboxes that mount the old one.
+import { readFile, readdir } from 'node:fs/promises';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import { sandboxClaimKey } from '../../src/redis/redis-keys.ts';
+import { SandboxPool } from '../../src/sandbox/sandbox-pool.ts';
+import { LABEL } from '../../src/sandbox/labels.ts';
+import { docker, enqueueFile, fleetContainers, sandboxHasFile, silentLog, spawnWorker, startEnvWorker, startFleetEnv, waitFor, waitForResults, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import { startModelStub } from '../../src/model/model-stub.ts';
+import { EXAMPLE_TASKS } from '../helpers/model.ts';
+import { writeBatch } from '../helpers/scratch-tasks.ts';
+
+const task = (id: string) => ({
+  yaml: `id: ${id}\ninstruction: write fixed into state.txt\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 10\ndeadlineSec: 120\nreserves: { setupSec: 30, closeSec: 20 }\n`,
+  files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
+});
+
+const pooled = (workerId: string) => fleetContainers('pool', workerId);
+
+describe('warm sandbox pool', () => {
+  let env: FleetEnv;
+  const processes: WorkerProcess[] = [];
+
+  beforeAll(async () => {
+    env = await startFleetEnv();
+  });
+  afterAll(async () => {
+    await Promise.all(processes.map((w) => w.stop()));
+    await env?.close();
+  });
+
+  it('runs episodes in claimed warm sandboxes, each used once, hardened, claimed in Redis; a drain removes the pool', async () => {
+    const worker: WorkerHandle = await startEnvWorker(env, 'pool-w', { concurrency: 1, sandboxPool: 1 });
+    try {
+      const file = await writeBatch('tasks: [tasks]\nsamples: 4\nagent: { kind: command, command: "echo fixed > state.txt; id -u > uid.txt" }\n', { one: task('one') });
+      const plan = await enqueueFile(env, file);
+      const results = await waitForResults(env, plan.batchId, 4);
+      for (const r of results) expect(r, JSON.stringify(r)).toMatchObject({ status: 'passed', reward: 1 });
+      // The first episode found the pool empty and made its own; one at a time, the next ones found it filled.
+      const claimed = results.filter((r) => r.sandbox?.pooled);
+      expect(claimed.length, JSON.stringify(results.map((r) => r.sandbox))).toBeGreaterThanOrEqual(2);
+      expect(new Set(results.map((r) => r.sandbox!.containerId)).size).toBe(4);
+      // Each claim was recorded for the reaper, and is gone with its sandbox (the cleanup queue).
+      await waitFor('claimed sandboxes removed with their claims', async () => {
+        for (const r of claimed) {
+          if (await env.client.exists(sandboxClaimKey(env.prefix, r.sandbox!.containerId))) return false;
+          if ((await docker.listContainers({ all: true, filters: { id: [r.sandbox!.containerId] } })).length > 0) return false;
+        }
+        return true;
+      }, 30_000, 200);
+      // The agent ran as the sandbox user in a warm sandbox too; the workspace snapshot says so.
+      const evidence = path.join(env.dataDir, 'evidence', claimed[0]!.episodeId, 'attempt-1', 'workspace', 'uid.txt');
+      expect((await readFile(evidence, 'utf8')).trim()).toBe('1000');
+      // A warm one is ready again, hardened as any sandbox.
+      const [warm] = await waitFor('a warm sandbox', async () => {
+        const list = (await pooled('pool-w')).filter((c) => c.State === 'running');
+        return list.length === 1 ? list : undefined;
+      }, 30_000, 200);
+      const info = await docker.getContainer(warm!.Id).inspect();
+      expect(info.HostConfig.NetworkMode).toBe('none');
+      expect(info.HostConfig.CapDrop).toEqual(['ALL']);
+      expect(info.HostConfig.Memory).toBe(512 * 1024 * 1024);
+      expect(info.Config.Labels[LABEL.episode]).toBeUndefined();
+    } finally {
+      await worker.close();
+    }
+    expect(await pooled('pool-w')).toEqual([]);
+  });
+
+  it('gives an llm episode\'s proxy the claimed sandbox\'s own folder', async () => {
+    const stub = await startModelStub({ tasksDir: EXAMPLE_TASKS, listen: { port: 0, host: '127.0.0.1' }, log: silentLog });
+    const worker = await startEnvWorker(env, 'pool-llm', {
+      concurrency: 1, sandboxPool: 1,
+      model: { baseUrl: stub.baseUrl!, maxCalls: 20, maxTokens: 200_000, requestTimeoutMs: 30_000, upstreamRetries: 2 },
+    });
+    try {
+      const file = await writeBatch(`tasks: [${JSON.stringify(path.join(EXAMPLE_TASKS, 'fix-greeting'))}]\nsamples: 3\nagent: { kind: llm, maxTurns: 10 }\n`, {});
+      const plan = await enqueueFile(env, file);
+      const results = await waitForResults(env, plan.batchId, 3, 120_000);
+      for (const r of results) expect(r, JSON.stringify(r)).toMatchObject({ status: 'passed', reward: 1 });
+      expect(results.some((r) => r.sandbox?.pooled)).toBe(true);
+    } finally {
+      await worker.close();
+      await stub.close();
+    }
+  });
+
+  it('leaves no pooled sandbox behind a worker killed with -9 once the reaper ran, salvaging the claimed one as its episode\'s', async () => {
+    const fast = { FLEET_LEASE_TTL_MS: '2000', FLEET_REAPER_INTERVAL_MS: '1000', FLEET_LOCK_DURATION_MS: '4000', FLEET_SANDBOX_POOL: '3' };
+    const victim = spawnWorker({ ...env.env, ...fast }, 'pool-victim', 1);
+    processes.push(victim);
+    // One episode makes the worker fill its pool for the kind.
+    const first = await enqueueFile(env, await writeBatch('name: pool-first\ntasks: [tasks]\nagent: { kind: command, command: "echo fixed > state.txt" }\n', { k: task('k') }));
+    await waitForResults(env, first.batchId, 1);
+    await waitFor('a full pool', async () => (await pooled('pool-victim')).filter((c) => c.State === 'running').length === 3, 60_000, 200);
+    // The next one runs in a warm sandbox, and the worker dies under it.
+    const slow = await enqueueFile(env, await writeBatch('name: pool-slow\ntasks: [tasks]\nagent: { kind: command, command: "echo work > notes.txt; sleep 8; echo fixed > state.txt" }\n', { k: task('k') }));
+    const episodeId = slow.jobs[0]!.episodeId;
+    const claim = await waitFor('the warm sandbox claimed', async () => {
+      for (const c of await pooled('pool-victim')) {
+        const record = await env.client.get(sandboxClaimKey(env.prefix, c.Id));
+        if (record !== null && (await sandboxHasFile(c.Id, '/workspace/notes.txt'))) return { containerId: c.Id, record: JSON.parse(record) as { episodeId: string } };
+      }
+      return undefined;
+    }, 60_000, 100);
+    expect(claim.record.episodeId).toBe(episodeId);
+    victim.child.kill('SIGKILL');
+    const rescuer = spawnWorker({ ...env.env, ...fast, FLEET_SANDBOX_POOL: '0' }, 'pool-rescuer', 1);
+    processes.push(rescuer);
+    await waitFor('the dead worker\'s pool reaped', async () => (await pooled('pool-victim')).length === 0, 30_000, 200);
+    // The claimed sandbox's workspace was kept as its episode's evidence; the unclaimed ones kept none.
+    const folders = await readdir(path.join(env.dataDir, 'evidence', episodeId));
+    const salvaged = folders.find((f) => f.startsWith('salvaged-'));
+    expect(salvaged, folders.join(',')).toBeDefined();
+    expect(await readFile(path.join(env.dataDir, 'evidence', episodeId, salvaged!, 'notes.txt'), 'utf8')).toBe('work\n');
+    expect((await readdir(path.join(env.dataDir, 'evidence'))).filter((f) => f.startsWith('salvaged-'))).toEqual([]);
+    expect(await env.client.exists(sandboxClaimKey(env.prefix, claim.containerId))).toBe(0);
+    // And the episode still ends, once, on the rescuer.
+    const [result] = await waitForResults(env, slow.batchId, 1, 90_000);
+    expect(result).toMatchObject({ status: 'passed', attempts: 2, workerId: 'pool-rescuer' });
+  });
+
+  it('drops the warm sandboxes of a runtime generation no longer used', async () => {
+    const pool = new SandboxPool({ docker, log: silentLog, callTimeoutMs: 30_000, redis: env.client, prefix: env.prefix, workerId: 'pool-gen', size: 1, runDir: path.join(env.dataDir, 'run') });
+    const volumes = [`${env.prefix}-gen-a`, `${env.prefix}-gen-b`];
+    for (const name of volumes) await docker.createVolume({ Name: name, Labels: { [LABEL.prefix]: env.prefix } });
+    const spec = (volume: string) => ({ image: 'rollout-fleet/sandbox:busybox', workdir: '/workspace', limits: { memoryMb: 64, cpus: 0.5, pids: 32 }, mounts: [{ volumeName: volume, target: '/opt/rollout-fleet' }] });
+    const owner = { fleet: env.prefix, episodeId: 'e.t.0', batchId: 'e', workerId: 'pool-gen', attempt: 1 };
+    try {
+      expect(await pool.claim(spec(volumes[0]!), owner, AbortSignal.timeout(10_000))).toBeUndefined();
+      await waitFor('a warm sandbox on generation a', async () => pool.readyCount === 1, 30_000, 100);
+      const [onA] = await pooled('pool-gen');
+      // A claim on generation b: a's warm sandbox is of no use any more and is removed.
+      expect(await pool.claim(spec(volumes[1]!), owner, AbortSignal.timeout(10_000))).toBeUndefined();
+      await waitFor('a\'s warm sandbox removed', async () => (await docker.listContainers({ all: true, filters: { id: [onA!.Id] } })).length === 0, 30_000, 100);
+      await waitFor('a warm sandbox on generation b', async () => pool.readyCount === 1, 30_000, 100);
+      const claimed = await pool.claim(spec(volumes[1]!), owner, AbortSignal.timeout(10_000));
+      expect(claimed).toBeDefined();
+      expect(JSON.parse((await env.client.get(sandboxClaimKey(env.prefix, claimed!.session.containerId)))!)).toEqual({ episodeId: 'e.t.0', batchId: 'e', attempt: 1 });
+      await claimed!.session.remove();
+    } finally {
+      await pool.drain();
+      expect(await pooled('pool-gen')).toEqual([]);
+      for (const name of volumes) await docker.getVolume(name).remove().catch(() => undefined);
+    }
+  });
+});
