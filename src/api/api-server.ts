@@ -13,7 +13,7 @@ import express, { type NextFunction, type Request, type Response } from 'express
 import type { Logger } from 'pino';
 import { z } from 'zod';
 import { EpisodeResult } from '../../queues/episodes/contract.ts';
-import type { FleetClient } from '../client/fleet-client.ts';
+import { isCursor, type FleetClient } from '../client/fleet-client.ts';
 import { describeIssues } from '../config/zod-issues.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { FAILURE_KINDS } from '../errors/failure-kind.ts';
@@ -28,9 +28,10 @@ export interface ApiOptions {
   log: Logger;
   /** A comment line on a quiet SSE stream this often. @default 15000 */
   keepAliveMs?: number;
+  /** A request not answering within this long (Redis hangs) gets 503. @default 30000 */
+  requestTimeoutMs?: number;
 }
 
-const CURSOR = /^(\d{1,20}-\d{1,20}(:g)?|0)$/;
 const BATCH_ID = /^[a-z0-9][a-z0-9_.-]{0,120}$/;
 const KEEP_ALIVE_MS = 15_000;
 /** JSON bodies are a page of settings: a batch of 10,000 digests is about 700 KB. */
@@ -188,14 +189,52 @@ function parseBody<S extends z.ZodType>(schema: S, body: unknown): z.infer<S> {
 }
 
 function bearer(token: string | undefined) {
-  const expected = token === undefined ? undefined : Buffer.from(`Bearer ${token}`);
+  const expected = token === undefined ? undefined : Buffer.from(token);
   return (req: Request, res: Response, next: NextFunction) => {
     if (expected === undefined) return next();
-    const got = Buffer.from(req.headers.authorization ?? '');
+    // The scheme is case-insensitive (RFC 7235); the token is compared in constant time.
+    const got = Buffer.from(/^bearer +(.*)$/i.exec(req.headers.authorization ?? '')?.[1] ?? '');
     if (got.length !== expected.length || !timingSafeEqual(got, expected)) {
       res.setHeader('www-authenticate', 'Bearer');
       return fail(res, 401, `authorization: ${req.headers.authorization === undefined ? 'missing' : 'not the expected'} Bearer token (FLEET_API_TOKEN)`, 'authorization');
     }
+    return next();
+  };
+}
+
+/** A JSON body must say so: anything else is refused before it is read (415 naming the header). */
+function jsonBody(limit: number) {
+  const parse = express.json({ limit, type: () => true });
+  return (req: Request, res: Response, next: NextFunction) => {
+    const type = req.headers['content-type'];
+    const hasBody = req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
+    if (hasBody && !/^application\/json\s*(;|$)/i.test(type ?? '')) {
+      return fail(res, 415, `content-type: expected application/json (got ${JSON.stringify((type ?? 'nothing').slice(0, 80))})`, 'content-type');
+    }
+    return parse(req, res, next);
+  };
+}
+
+/**
+ * Requests need the fleet's Redis: while it is away they get 503 at once, and one that has not begun
+ * answering within `timeoutMs` (a Redis that hangs) gets 503 then, instead of waiting without end.
+ * The result stream, once begun, waits out outages itself.
+ */
+function redisBound(client: FleetClient, timeoutMs: number) {
+  const unavailable = (res: Response) => fail(res, 503, "the fleet's Redis is not reachable now; try again shortly");
+  return (_req: Request, res: Response, next: NextFunction) => {
+    if (!client.connected) return unavailable(res);
+    const timer = setTimeout(() => {
+      if (!res.headersSent) unavailable(res);
+    }, timeoutMs);
+    res.on('close', () => clearTimeout(timer));
+    res.on('finish', () => clearTimeout(timer));
+    const flush = res.flushHeaders.bind(res);
+    // A stream's headers going out is its answer beginning.
+    res.flushHeaders = () => {
+      clearTimeout(timer);
+      flush();
+    };
     return next();
   };
 }
@@ -220,10 +259,12 @@ export function createApiApp(opts: ApiOptions): express.Express {
   const { client, log } = opts;
   const app = express();
   app.disable('x-powered-by');
-  app.get('/healthz', (_req, res) => res.json({ ok: true }));
+  // Ready means Redis is reachable: a load balancer or compose's health check sees an outage.
+  app.get('/healthz', (_req, res) => res.status(client.connected ? 200 : 503).json({ ok: client.connected, redis: client.connected ? 'connected' : 'unreachable' }));
   app.get('/openapi.json', (_req, res) => res.json(openApiDocument()));
   app.use(bearer(opts.token));
-  const json = express.json({ limit: MAX_JSON_BYTES, type: () => true });
+  app.use('/v1', redisBound(client, opts.requestTimeoutMs ?? 30_000));
+  const json = jsonBody(MAX_JSON_BYTES);
   const needBatch = async (batchId: string) => {
     const summary = await client.status(batchId);
     if (summary === undefined) throw new ApiError(404, 'batchId', `batchId: no batch ${JSON.stringify(batchId)}`);
@@ -307,7 +348,7 @@ export function createApiApp(opts: ApiOptions): express.Express {
     const lastEventId = req.headers['last-event-id'];
     const after = (typeof lastEventId === 'string' && lastEventId !== '' ? lastEventId : undefined) ?? (typeof req.query.after === 'string' ? req.query.after : undefined) ?? '0';
     const field = typeof lastEventId === 'string' && lastEventId !== '' ? 'Last-Event-ID' : 'after';
-    if (!CURSOR.test(after)) throw new ApiError(400, field, `${field}: not a cursor: expected an event id this stream sent, or 0 (got ${JSON.stringify(after.slice(0, 80))})`);
+    if (!isCursor(after)) throw new ApiError(400, field, `${field}: not a cursor: expected an event id this stream sent, or 0 (got ${JSON.stringify(after.slice(0, 80))})`);
     await needBatch(batchId);
     const gone = new AbortController();
     res.on('close', () => gone.abort());

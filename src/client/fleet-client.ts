@@ -117,6 +117,11 @@ export class FleetClient {
     return new FleetClient(redis, prefix, new ResultsStore(redis, prefix, dataDir), dataDir, opts);
   }
 
+  /** Whether the client's Redis connection is up now (a service answers 503 instead of waiting when not). */
+  get connected(): boolean {
+    return this.redis.status === 'ready';
+  }
+
   /** Check, pack and store a task folder; batches name it by the digest returned. */
   async uploadTask(dir: string): Promise<StoredTask> {
     return storeTaskFolder(dir, { redis: this.redis, prefix: this.prefix });
@@ -209,6 +214,7 @@ export class FleetClient {
    */
   async *results(batchId: string, opts: { after?: string; signal?: AbortSignal; blockMs?: number } = {}): AsyncGenerator<BatchEvent> {
     const from = opts.after ?? '0';
+    if (!isCursor(from)) throw new TypeError(`after: not a cursor: expected an event's cursor, or 0 (got ${JSON.stringify(from.slice(0, 80))})`);
     // A group event's cursor (`<entry>:g`): the group of that entry was delivered too.
     const groupAcked = from.endsWith(':g');
     let cursor = groupAcked ? from.slice(0, -2) : from;
@@ -296,7 +302,8 @@ export class FleetClient {
         return await read();
       } catch (err) {
         if (signal?.aborted) throw signal.reason;
-        if (err instanceof TypeError) throw err;
+        // Only a connection problem is waited out: an error Redis replied with would come back every time.
+        if (err instanceof TypeError || (err as Error).name === 'ReplyError') throw err;
         await delay(wait + Math.floor(Math.random() * 50), undefined, signal ? { signal } : undefined);
       }
     }
@@ -342,6 +349,14 @@ export class FleetClient {
     for (const reader of this.readers) reader.disconnect();
     await this.redis.quit().catch(() => this.redis.disconnect());
   }
+}
+
+/**
+ * A cursor an event carried (`<ms>-<seq>`, `:g` for a group's), or '0'. The parts stay within what a
+ * stream entry id of this era holds (15 digits): the largest ids Redis takes cannot be read past.
+ */
+export function isCursor(value: string): boolean {
+  return /^(\d{1,15}-\d{1,15}(:g)?|0)$/.test(value);
 }
 
 /** Order of two stream entry ids (`<ms>-<seq>`). */

@@ -37,7 +37,18 @@ function show(value: unknown, secret: boolean, root: boolean): string {
     return `a mapping of ${keys} key${keys === 1 ? '' : 's'}`;
   }
   if (typeof value === 'string' && value.length > MAX_SHOWN_CHARS) return `a string of ${Buffer.byteLength(value)} bytes`;
+  // A credential in the wrong field (an API key as a timeout) is described, not shown.
+  if (typeof value === 'string' && looksLikeCredential(value)) return `a string of ${Buffer.byteLength(value)} bytes that looks like a credential, not shown`;
   return printable(redactUrlCredentials(JSON.stringify(value) ?? String(value)));
+}
+
+/** Well-known key prefixes (OpenAI, Stripe, GitHub, Slack, AWS, GitLab, Hugging Face, JWTs). */
+const CREDENTIAL_PREFIX = /^(sk|pk|rk)[-_]|^(ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf)_|^xox[abpr]-|^(AKIA|ASIA)[A-Z0-9]{12}|^eyJ[A-Za-z0-9_-]{10,}/;
+
+/** A value that looks like a key or token: a known prefix, or 24+ characters mixing upper, lower and digits. */
+export function looksLikeCredential(value: string): boolean {
+  if (CREDENTIAL_PREFIX.test(value)) return true;
+  return value.length >= 24 && /^[A-Za-z0-9_\-+/=.]+$/.test(value) && /[a-z]/.test(value) && /[A-Z]/.test(value) && /[0-9]/.test(value);
 }
 
 function message(issue: z.core.$ZodIssue): string {

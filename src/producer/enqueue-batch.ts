@@ -116,6 +116,20 @@ export async function storeTaskArchives(plan: Pick<BatchPlan, 'tasks'>, redis: R
   }
 }
 
+/** How long a second enqueue of a batch waits for the first one's flow before adding it itself. */
+const FLOW_WAIT_MS = 5_000;
+
+/** Whether the batch's parent job exists, polled for up to `waitMs`. */
+async function flowLanded(deps: EnqueueDeps, batchId: string, waitMs: number): Promise<boolean> {
+  const until = Date.now() + waitMs;
+  for (let every = 25; ; every = Math.min(every * 2, 500)) {
+    const flow = await deps.flows.getFlow({ id: batchId, queueName: BATCHES_QUEUE, prefix: deps.prefix, depth: 0 }).catch(() => undefined);
+    if (flow?.job) return true;
+    if (Date.now() >= until) return false;
+    await new Promise((resolve) => setTimeout(resolve, every));
+  }
+}
+
 export interface EnqueuedBatch extends BatchPlan {
   /** false when this batch was enqueued before: nothing was added. */
   added: boolean;
@@ -142,10 +156,10 @@ export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps): Prom
     episodeIds: plan.jobs.map((j) => j.episodeId),
   });
   // The manifest goes first: a second enqueue of the same batch (or a retry of an interrupted one
-  // whose flow did land) finds the parent job and adds nothing.
-  if (!first && (await deps.flows.getFlow({ id: plan.batchId, queueName: BATCHES_QUEUE, prefix: deps.prefix, depth: 0 }).catch(() => undefined))?.job) {
-    return { ...plan, added: false };
-  }
+  // whose flow did land) finds the parent job and adds nothing. One that finds the manifest but no flow
+  // is either racing the first enqueue (which is adding it now) or retrying one that died before the
+  // flow: it waits a little for the flow to appear, and adds it only if it does not.
+  if (!first && (await flowLanded(deps, plan.batchId, FLOW_WAIT_MS))) return { ...plan, added: false };
   const parent: BatchJob = { batchId: plan.batchId, name: plan.name, total: plan.jobs.length };
   await deps.flows.add({
     name: 'batch',

@@ -38,16 +38,29 @@ export async function storeTaskFolder(dir: string, source: ArchiveSource): Promi
 
 const refuse = (message: string) => new FleetError('invalid_task', `body: ${message}`);
 
+/** A name as messages show it: quoted, escaped, and cut after 100 characters (a 1 MiB name is not sent back). */
+function shown(name: string): string {
+  const cut = name.length > 100 ? `${name.slice(0, 100)}...` : name;
+  return `${printable(JSON.stringify(cut.replaceAll('\0', '\\0')))}${name.length > 100 ? ` (${Buffer.byteLength(name)} bytes)` : ''}`;
+}
+
+/** Linux's limits: 255 bytes a name, 4096 a path. */
+const MAX_SEGMENT_BYTES = 255;
+const MAX_PATH_BYTES = 4_000;
+
 /** The entry's path inside the task, or undefined for the archive's own root ("./"). */
 function entryPath(raw: string): string | undefined {
-  if (raw.includes('\0')) throw refuse(`${printable(JSON.stringify(raw.replaceAll('\0', '\\0')))}: a name with a NUL byte`);
-  if (raw.startsWith('/')) throw refuse(`${printable(JSON.stringify(raw))}: an absolute name (names are relative to the task folder)`);
+  if (raw.includes('\0')) throw refuse(`${shown(raw)}: a name with a NUL byte`);
+  if (raw.startsWith('/')) throw refuse(`${shown(raw)}: an absolute name (names are relative to the task folder)`);
   const segments = raw.split('/').filter((s) => s !== '' && s !== '.');
-  if (segments.includes('..')) throw refuse(`${printable(JSON.stringify(raw))}: a name with .. (it would leave the task folder)`);
+  if (segments.includes('..')) throw refuse(`${shown(raw)}: a name with .. (it would leave the task folder)`);
+  if (Buffer.byteLength(raw) > MAX_PATH_BYTES || segments.some((s) => Buffer.byteLength(s) > MAX_SEGMENT_BYTES)) {
+    throw refuse(`${shown(raw)}: a name too long for a file system (at most ${MAX_SEGMENT_BYTES} bytes a part, ${MAX_PATH_BYTES} in all)`);
+  }
   if (segments.length === 0) return undefined;
   const [top] = segments as [string];
   if (!(TASK_PARTS as readonly string[]).includes(top)) {
-    throw refuse(`${printable(JSON.stringify(raw))}: not part of a task (only task.yaml, workspace/, tests/ and solution/ at the top: tar the folder's contents, e.g. tar -C my-task -cf - .)`);
+    throw refuse(`${shown(raw)}: not part of a task (only task.yaml, workspace/, tests/ and solution/ at the top: tar the folder's contents, e.g. tar -C my-task -cf - .)`);
   }
   return segments.join('/');
 }
@@ -65,30 +78,33 @@ async function unpackUpload(body: Buffer, dir: string): Promise<void> {
       const rel = entryPath(header.name);
       if (header.type !== 'file' && header.type !== 'contiguous-file' && header.type !== 'directory') {
         const what = header.type === 'symlink' || header.type === 'link' ? 'a link (links are not accepted in an upload)' : `a ${header.type ?? 'special'} entry (only files and folders)`;
-        throw refuse(`${printable(JSON.stringify(header.name))}: ${what}`);
+        throw refuse(`${shown(header.name)}: ${what}`);
       }
       if (rel === undefined) {
-        if (header.type !== 'directory') throw refuse(`${printable(JSON.stringify(header.name))}: a file in place of the task folder`);
+        if (header.type !== 'directory') throw refuse(`${shown(header.name)}: a file in place of the task folder`);
         entry.resume();
         continue;
       }
       const target = path.join(dir, rel);
+      // What the file system says is told in the entry's words, never with the server's paths.
+      const cannot = (err: NodeJS.ErrnoException) => {
+        const why = { EEXIST: 'named twice in the archive', EISDIR: 'a file where a folder is', ENOTDIR: 'a folder where a file is', ENAMETOOLONG: 'a name too long for a file system' }[err.code ?? ''];
+        return refuse(`${shown(header.name)}: ${why ?? `cannot be unpacked (${err.code ?? 'error'})`}`);
+      };
       if (header.type === 'directory') {
-        await mkdir(target, { recursive: true });
+        await mkdir(target, { recursive: true }).catch((err: NodeJS.ErrnoException) => Promise.reject(cannot(err)));
         entry.resume();
         continue;
       }
-      await mkdir(path.dirname(target), { recursive: true });
+      await mkdir(path.dirname(target), { recursive: true }).catch((err: NodeJS.ErrnoException) => Promise.reject(cannot(err)));
       const data = await collectBytes(entry);
       // wx: an archive that names one file twice is refused, not silently resolved.
-      await writeFile(target, data, { flag: 'wx', mode: ((header.mode ?? 0o644) & 0o111) !== 0 ? 0o755 : 0o644 }).catch((err: NodeJS.ErrnoException) => {
-        throw refuse(`${printable(JSON.stringify(header.name))}: ${err.code === 'EEXIST' ? 'named twice in the archive' : err.code === 'EISDIR' ? 'a file where a folder is' : `cannot be written (${err.code ?? 'error'})`}`);
-      });
+      await writeFile(target, data, { flag: 'wx', mode: ((header.mode ?? 0o644) & 0o111) !== 0 ? 0o755 : 0o644 }).catch((err: NodeJS.ErrnoException) => Promise.reject(cannot(err)));
     }
   } catch (err) {
     extract.destroy();
     if (err instanceof FleetError) throw err;
-    throw refuse(`not a readable tar archive (${printable((err as Error).message)})`);
+    throw refuse(`not a readable tar archive (${printable((err as Error).message.slice(0, 200))})`);
   }
   if (entries === 0) throw refuse('an empty archive (expected task.yaml, workspace/ and tests/)');
 }
