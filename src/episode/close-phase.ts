@@ -96,7 +96,8 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
     state.verifyRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'verifier', state.verifyRun),
   ]);
   if (state.session === undefined) return publish(attempt, deps, signal);
-  closed.oomKilled = await state.session.state(signal).then((s) => s.oomKilled, () => undefined);
+  // The engine's events count every OOM kill in the sandbox: no inspect needed unless they are not watched.
+  closed.oomKilled = state.session.oomKilledSoFar() ?? await state.session.state(signal).then((s) => s.oomKilled, () => undefined);
   const snapshotDir = path.join(evidence.folder(job.episodeId, attempt.attempt), 'workspace');
   const tar = (await state.session.getArchive(task.workdir, signal)) as Readable;
   signal.addEventListener('abort', () => tar.destroy(), { once: true });

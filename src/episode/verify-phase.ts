@@ -35,6 +35,11 @@ async function diskFullByAgent(session: SandboxSession, diskMb: number, err: unk
   );
 }
 
+/** The agent's process ended by a signal (exit 128+, or no code): its sandbox may have gone with it. */
+function killedBySignal(agentRun: AgentRun): boolean {
+  return !agentRun.timedOut && (agentRun.exitCode === null || agentRun.exitCode >= 128);
+}
+
 export async function verify(
   attempt: EpisodeAttempt,
   deps: EpisodeDeps,
@@ -45,22 +50,26 @@ export async function verify(
   const { task } = attempt.job;
   const deadline = new Deadline('verify', task.reserves.verifySec * 1000, attempt.signal);
   try {
-    // Only a sandbox that is still up is verified: one that stopped under the agent (the engine
-    // restarted, or something outside killed it) cut the agent short, and the restart below would
-    // hide that and grade a half-done workspace. The sandbox user cannot stop it (its init is root's).
-    const before = await deadline.run('checking the sandbox', (signal) => session.state(signal));
-    // The engine learns of a killed sandbox a moment after its processes die: an agent killed by a
-    // signal (exit 128+) is followed by a probe, which cannot start in a sandbox whose init is gone.
-    const killed = !agentRun.timedOut && (agentRun.exitCode === null || agentRun.exitCode >= 128);
-    const alive = before.running && (!killed || (await deadline.run('probing the sandbox', (signal) => session.alive(signal))));
-    if (!alive) {
-      if (before.initOomKilled) throw new FleetError('agent_crashed', 'the sandbox ran out of memory under the agent and its init was killed');
-      throw new FleetError('sandbox_lost', `the sandbox stopped under the agent (agent exit ${agentRun.exitCode}): the engine restarted or it was stopped from outside`);
-    }
     // A process left behind could rewrite the tests once they arrive, and a fork bomb or zombies could
-    // leave the verifier no pid to run with: the engine kills everything and starts the sandbox afresh
-    // (files kept), which needs no pid inside it. The verifier runs without a model.
-    await deadline.run('stopping what the agent left running', (signal) => session.restart(signal));
+    // leave the verifier no pid to run with. First the cheap way: one exec kills every process of the
+    // sandbox user until none is left. Its running at all shows the sandbox is up with its init.
+    const swept = !killedBySignal(agentRun) && (await deadline.run('stopping what the agent left running', (signal) => session.sweepProcesses(signal)));
+    if (!swept) {
+      // Only a sandbox that is still up is verified: one that stopped under the agent (the engine
+      // restarted, or something outside killed it) cut the agent short, and the restart below would
+      // hide that and grade a half-done workspace. The sandbox user cannot stop it (its init is root's).
+      const before = await deadline.run('checking the sandbox', (signal) => session.state(signal));
+      // The engine learns of a killed sandbox a moment after its processes die: an agent killed by a
+      // signal (exit 128+) is followed by a probe, which cannot start in a sandbox whose init is gone.
+      const alive = before.running && (!killedBySignal(agentRun) || (await deadline.run('probing the sandbox', (signal) => session.alive(signal))));
+      if (!alive) {
+        if (before.initOomKilled) throw new FleetError('agent_crashed', 'the sandbox ran out of memory under the agent and its init was killed');
+        throw new FleetError('sandbox_lost', `the sandbox stopped under the agent (agent exit ${agentRun.exitCode}): the engine restarted or it was stopped from outside`);
+      }
+      // The engine kills everything and starts the sandbox afresh (files kept), which needs no pid inside it.
+      await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
+    }
+    // The verifier runs without a model.
     await deadline.run('closing the model proxy', async () => state.proxy?.close());
     const tests = await state.archive!.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
     await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal))

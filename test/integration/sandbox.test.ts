@@ -56,6 +56,23 @@ describe('sandbox session', () => {
     }
   });
 
+  it('sweeps every process the agent left (daemons, TERM-ignorers, a stopped one) in one exec, and says so when it cannot run', async () => {
+    const own = await SandboxSession.open(deps, { ...spec, owner: { ...owner, episodeId: `${owner.episodeId}-sweep` }, limits: { memoryMb: 64, cpus: 0.5, pids: 24 } }, () => undefined);
+    try {
+      const count = 'n=0; for d in /proc/[0-9]*; do [ "${d#/proc/}" = "$$" ] && continue; u=$(awk "/^Uid:/{print \\$2}" $d/status 2>/dev/null); [ "$u" = 1000 ] && n=$((n+1)); done; echo $n';
+      await run(own, 'for i in 1 2 3; do (trap "" TERM HUP; exec sleep 1000) & done; sleep 1000 & kill -STOP $!; (setsid sh -c "sleep 1000" &) ; echo started');
+      // The count's own shell is left out; the glob is taken before awk runs.
+      expect(Number((await run(own, count)).stdout.text.trim())).toBeGreaterThanOrEqual(5);
+      expect(await own.sweepProcesses()).toBe(true);
+      expect(Number((await run(own, count)).stdout.text.trim())).toBe(0);
+      // It needs one pid only (builtins), and says false when no exec can run at all: then the caller restarts.
+      await docker.getContainer(own.containerId).kill();
+      expect(await own.sweepProcesses()).toBe(false);
+    } finally {
+      await own.remove();
+    }
+  });
+
   it('stops a process tree that ignores TERM when its timeout passes', async () => {
     const started = Date.now();
     const res = await run(session, "trap '' TERM; (trap '' TERM; sleep 1000) & sleep 1000; echo never", 1_000);
