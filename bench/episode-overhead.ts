@@ -1,0 +1,640 @@
+// What the fleet adds to one trivial episode, measured against the same container work done directly
+// with dockerode, in the same run: create (the fleet's hardening), start, put the workspace, exec the
+// agent, put the tests, exec the verifier, get the workspace, remove. Then the Docker API calls of an
+// episode by kind, fleet and direct, counted by a small proxy in front of the engine's socket.
+//
+// Settings are WxC: W worker processes (the compiled CLI) at concurrency C each, against the direct
+// sequence at concurrency W*C. Each setting runs R rounds; a round is one block of episodes each side,
+// direct then fleet or fleet then direct (alternating), so both meet the same load on a shared host.
+// Printed: enqueue -> last result, summed over rounds, episodes/s, the ratio fleet time / direct time
+// (lower is better), the throughput ratio, each round's ratio, and the episodes' own phase timings
+// (result.timings, every numeric field present; setupMs runs from pick-up to the workspace copied in,
+// so it is claim -> first agent exec, less the exec's own start). Timed runs talk to the engine
+// directly; only the call count goes through the counting proxy (which adds a hop).
+//
+// Run: npm run build && npx tsx bench/episode-overhead.ts [--settings 1x1,1x2,1x4,2x8] [--episodes 12]
+//   [--rounds 3] [--pool 0] [--settle-sec 0] [--count-episodes 8] [--count-setting 1x2] [--no-count] [--no-timing]
+// --episodes N: episodes per setting and side, split over the rounds (each round at least 2 x the
+// setting's total concurrency); --pool N: passed to every worker as FLEET_SANDBOX_POOL (warm containers
+// per image per worker; 0 = off); --settle-sec: pause after the warm-up wave and after each fleet block
+// (lets a pool refill; default 3 with a pool, else 0). Default run: about 4 minutes.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { once } from 'node:events';
+import { mkdtemp, rm } from 'node:fs/promises';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { Writable } from 'node:stream';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import type Docker from 'dockerode';
+import { FlowProducer, Queue } from 'bullmq';
+import { Redis } from 'ioredis';
+import { EPISODES_QUEUE } from '../queues/episodes/contract.ts';
+import { tarBuffer } from '../src/archive/tar-buffer.ts';
+import { startPrivateRedis } from '../src/cli/private-redis.ts';
+import { enqueueBatch } from '../src/producer/enqueue-batch.ts';
+import { batchResultsKey } from '../src/redis/redis-keys.ts';
+import { ResultsStore } from '../src/results/results-store.ts';
+import { createDocker } from '../src/sandbox/docker-client.ts';
+import { LABEL } from '../src/sandbox/labels.ts';
+import { loadBatch } from '../src/tasks/load-task.ts';
+import { poll, writeCommandBatch } from './command-batch.ts';
+
+/** The compiled CLI (`npm run build`), as workers run it. */
+const BIN = fileURLToPath(new URL('../dist/src/cli/bin.js', import.meta.url));
+const IMAGE = 'rollout-fleet/sandbox:busybox';
+const AGENT_COMMAND = 'echo fixed > state.txt';
+/** As bench/command-batch.ts writes the task. */
+const WORKDIR = '/workspace';
+const VERIFY_COMMAND = 'sh /tests/test.sh';
+const LIMITS = { memoryMb: 128, cpus: 0.5, pids: 64, diskMb: 2048 };
+/** Its own prefix: a reaper of another bench's fleet on the same engine must not take these sandboxes for orphans (nor ours theirs). */
+const PREFIX = 'bench-ovh';
+const BENCH_LABEL = 'rollout-fleet.bench';
+const ENGINE_SOCKET = '/var/run/docker.sock';
+
+const { values } = parseArgs({
+  options: {
+    settings: { type: 'string', default: '1x1,1x2,1x4,2x8' },
+    episodes: { type: 'string', default: '12' },
+    rounds: { type: 'string', default: '3' },
+    pool: { type: 'string', default: '0' },
+    'settle-sec': { type: 'string' },
+    'count-episodes': { type: 'string', default: '8' },
+    'count-setting': { type: 'string', default: '1x2' },
+    'no-count': { type: 'boolean', default: false },
+    'no-timing': { type: 'boolean', default: false },
+  },
+});
+
+interface Setting { workers: number; concurrency: number; label: string }
+function parseSetting(s: string): Setting {
+  const m = /^(\d+)x(\d+)$/.exec(s.trim());
+  if (!m || Number(m[1]) < 1 || Number(m[2]) < 1) throw new TypeError(`a setting is WORKERSxCONCURRENCY (e.g. 2x8), got ${JSON.stringify(s)}`);
+  return { workers: Number(m[1]), concurrency: Number(m[2]), label: `${m[1]}x${m[2]}` };
+}
+const settings = values.settings.split(',').filter((s) => s.trim() !== '').map(parseSetting);
+const countSetting = parseSetting(values['count-setting']);
+const episodesOpt = Number(values.episodes);
+const rounds = Number(values.rounds);
+const pool = Number(values.pool);
+const countEpisodes = Number(values['count-episodes']);
+const settleSec = values['settle-sec'] === undefined ? (pool > 0 ? 3 : 0) : Number(values['settle-sec']);
+for (const [name, n, min] of [['episodes', episodesOpt, 1], ['rounds', rounds, 1], ['pool', pool, 0], ['count-episodes', countEpisodes, 1]] as const) {
+  if (!Number.isInteger(n) || n < min) throw new TypeError(`--${name}: expected an integer from ${min} up, got ${n}`);
+}
+if (!(settleSec >= 0)) throw new TypeError(`--settle-sec: expected a number from 0 up, got ${settleSec}`);
+
+// ---------------------------------------------------------------------------------------------------
+// Small statistics and printing helpers.
+
+function quantile(xs: number[], q: number): number | undefined {
+  if (xs.length === 0) return undefined;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1))];
+}
+const ms = (x: number | undefined) => (x === undefined ? '-' : x.toFixed(0));
+const load = () => os.loadavg()[0]!.toFixed(1);
+const out = (line = '') => process.stdout.write(`${line}\n`);
+
+// ---------------------------------------------------------------------------------------------------
+// The counting proxy: a Unix socket that pipes each connection to the engine and reads the HTTP request
+// line of every request on it (keep-alive connections carry several: bodies are skipped by
+// Content-Length or chunked framing). After a request that upgrades the connection (a hijacked exec
+// start), the rest of it is a raw stream: not parsed. Latency = request's first byte to the response's
+// first byte (clients do not pipeline, so a connection has at most one request waiting).
+
+interface CallRecord { phase: string; kind: string; latencyMs?: number }
+
+/** `METHOD /path?query-keys` with ids, names and the API version taken out. */
+export function callKind(method: string, target: string): string {
+  const q = target.indexOf('?');
+  let p = q < 0 ? target : target.slice(0, q);
+  const query = q < 0 ? '' : target.slice(q + 1);
+  p = p.replace(/^\/v\d+(\.\d+)?(?=\/)/, '');
+  const image = /^\/images\/(.+)\/(json|history|push|tag|get)$/.exec(p);
+  if (image) p = `/images/{name}/${image[2]}`;
+  else {
+    p = p.replace(/^\/(containers|exec|volumes|networks|plugins)\/([^/]+)/, (all, res: string, id: string) =>
+      (['json', 'create', 'prune'].includes(id) ? all : `/${res}/${res === 'volumes' ? '{name}' : '{id}'}`));
+  }
+  // dockerode sends every create option as a query key too: the path says enough.
+  const keys = p.endsWith('/create') ? [] : [...new Set(new URLSearchParams(query).keys())].sort();
+  return `${method} ${p}${keys.length > 0 ? `?${keys.join('&')}` : ''}`;
+}
+
+class RequestParser {
+  private buf: Buffer = Buffer.alloc(0);
+  private state: 'head' | 'body' | 'chunk-size' | 'chunk-data' | 'chunk-crlf' | 'trailer' | 'tunnel' = 'head';
+  private remaining = 0;
+  constructor(private readonly onRequest: (method: string, target: string) => void) {}
+
+  push(chunk: Buffer): void {
+    if (this.state === 'tunnel') return;
+    this.buf = this.buf.length === 0 ? chunk : Buffer.concat([this.buf, chunk]);
+    for (;;) {
+      switch (this.state) {
+        case 'tunnel':
+          this.buf = Buffer.alloc(0);
+          return;
+        case 'head': {
+          const end = this.buf.indexOf('\r\n\r\n');
+          if (end < 0) {
+            // Not HTTP as expected: stop reading this connection rather than guess.
+            if (this.buf.length > 64 * 1024) this.state = 'tunnel';
+            return;
+          }
+          const lines = this.buf.subarray(0, end).toString('latin1').split('\r\n');
+          this.buf = this.buf.subarray(end + 4);
+          const [method = '?', target = '?'] = lines[0]!.split(' ');
+          const headers = new Map<string, string>();
+          for (const line of lines.slice(1)) {
+            const colon = line.indexOf(':');
+            if (colon > 0) headers.set(line.slice(0, colon).trim().toLowerCase(), line.slice(colon + 1).trim().toLowerCase());
+          }
+          this.onRequest(method, target);
+          if (headers.has('upgrade') || (headers.get('connection') ?? '').includes('upgrade')) {
+            this.state = 'tunnel';
+          } else if ((headers.get('transfer-encoding') ?? '').includes('chunked')) {
+            this.state = 'chunk-size';
+          } else {
+            this.remaining = Number(headers.get('content-length') ?? 0) || 0;
+            this.state = this.remaining > 0 ? 'body' : 'head';
+          }
+          break;
+        }
+        case 'body':
+        case 'chunk-data': {
+          const take = Math.min(this.remaining, this.buf.length);
+          this.buf = this.buf.subarray(take);
+          this.remaining -= take;
+          if (this.remaining > 0) return;
+          this.state = this.state === 'body' ? 'head' : 'chunk-crlf';
+          break;
+        }
+        case 'chunk-crlf':
+          if (this.buf.length < 2) return;
+          this.buf = this.buf.subarray(2);
+          this.state = 'chunk-size';
+          break;
+        case 'chunk-size': {
+          const eol = this.buf.indexOf('\r\n');
+          if (eol < 0) return;
+          const size = parseInt(this.buf.subarray(0, eol).toString('latin1').split(';')[0]!, 16);
+          this.buf = this.buf.subarray(eol + 2);
+          if (!Number.isFinite(size)) this.state = 'tunnel';
+          else if (size === 0) this.state = 'trailer';
+          else {
+            this.remaining = size;
+            this.state = 'chunk-data';
+          }
+          break;
+        }
+        case 'trailer': {
+          const eol = this.buf.indexOf('\r\n');
+          if (eol < 0) return;
+          const empty = eol === 0;
+          this.buf = this.buf.subarray(eol + 2);
+          if (empty) this.state = 'head';
+          break;
+        }
+      }
+    }
+  }
+}
+
+interface CountingProxy {
+  socketPath: string;
+  records: CallRecord[];
+  /** Requests from now on are recorded under this phase. */
+  phase: string;
+  close(): Promise<void>;
+}
+
+async function startCountingProxy(socketPath: string, target = ENGINE_SOCKET): Promise<CountingProxy> {
+  await rm(socketPath, { force: true });
+  const records: CallRecord[] = [];
+  const sockets = new Set<net.Socket>();
+  const proxy: CountingProxy = {
+    socketPath,
+    records,
+    phase: 'idle',
+    close: () => new Promise<void>((resolve) => {
+      for (const s of sockets) s.destroy();
+      server.close(() => resolve());
+    }),
+  };
+  const server = net.createServer((client) => {
+    const engine = net.connect(target);
+    sockets.add(client);
+    sockets.add(engine);
+    const waiting: Array<{ record: CallRecord; t0: number }> = [];
+    const parser = new RequestParser((method, path) => {
+      const record: CallRecord = { phase: proxy.phase, kind: callKind(method, path) };
+      records.push(record);
+      waiting.push({ record, t0: performance.now() });
+    });
+    client.on('data', (chunk: Buffer) => parser.push(chunk));
+    engine.on('data', () => {
+      const w = waiting.shift();
+      if (w) w.record.latencyMs = performance.now() - w.t0;
+    });
+    client.pipe(engine);
+    engine.pipe(client);
+    const end = () => {
+      client.destroy();
+      engine.destroy();
+      sockets.delete(client);
+      sockets.delete(engine);
+    };
+    client.on('error', end);
+    engine.on('error', end);
+    client.on('close', end);
+    engine.on('close', end);
+  });
+  server.listen(socketPath);
+  await once(server, 'listening');
+  return proxy;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The direct baseline: one trivial episode's container work with dockerode, nothing else.
+
+const STEPS = ['create', 'start', 'put workspace', 'agent exec', 'put tests', 'verify exec', 'get workspace', 'remove'] as const;
+type Step = (typeof STEPS)[number];
+type StepTimes = Record<Step, number>;
+
+interface Inputs { workspace: Buffer; tests: Buffer; storageOpt: Record<string, string> | undefined }
+
+async function buildInputs(docker: Docker, runId: string): Promise<Inputs> {
+  const user = { mtime: new Date(0), uid: 1000, gid: 1000, uname: '', gname: '' };
+  const root = { mtime: new Date(0), uid: 0, gid: 0, uname: '', gname: '' };
+  const workspace = await tarBuffer((pack) => {
+    pack.entry({ ...user, name: 'workspace/', type: 'directory', mode: 0o755 });
+    pack.entry({ ...user, name: 'workspace/state.txt', type: 'file', mode: 0o644 }, 'broken\n');
+  });
+  const tests = await tarBuffer((pack) => {
+    pack.entry({ ...root, name: 'tests/', type: 'directory', mode: 0o755 });
+    pack.entry({ ...root, name: 'tests/test.sh', type: 'file', mode: 0o644 }, 'grep -qx fixed state.txt\n');
+  });
+  // The fleet asks for StorageOpt size and, on an engine that refuses it, stops asking: mirror the answer.
+  let storageOpt: Record<string, string> | undefined = { size: `${LIMITS.diskMb}M` };
+  try {
+    const c = await docker.createContainer({ Image: IMAGE, Cmd: ['true'], Labels: { [BENCH_LABEL]: runId }, HostConfig: { StorageOpt: storageOpt } });
+    await c.remove({ force: true });
+  } catch {
+    storageOpt = undefined;
+  }
+  return { workspace, tests, storageOpt };
+}
+
+async function execIn(docker: Docker, container: Docker.Container, command: string, env: string[]): Promise<number | null> {
+  const exec = await container.exec({
+    Cmd: ['sh', '-c', command], AttachStdout: true, AttachStderr: true, AttachStdin: false, Tty: false,
+    User: '1000:1000', WorkingDir: WORKDIR, Env: env,
+  });
+  const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
+  const sink = new Writable({ write: (_c, _e, cb) => cb() });
+  docker.modem.demuxStream(stream, sink, sink);
+  await new Promise<void>((resolve) => {
+    stream.once('end', resolve);
+    stream.once('close', resolve);
+    stream.once('error', () => resolve());
+  });
+  const info = await exec.inspect();
+  return info.ExitCode ?? null;
+}
+
+async function directEpisode(docker: Docker, inputs: Inputs, runId: string, n: number): Promise<StepTimes> {
+  const t = Object.fromEntries(STEPS.map((s) => [s, 0])) as StepTimes;
+  const step = async <T>(name: Step, fn: () => Promise<T>): Promise<T> => {
+    const s = performance.now();
+    try {
+      return await fn();
+    } finally {
+      t[name] += performance.now() - s;
+    }
+  };
+  const memory = LIMITS.memoryMb * 1024 * 1024;
+  const container = await step('create', () => docker.createContainer({
+    name: `rf-direct-${runId}-${n}-${randomBytes(3).toString('hex')}`,
+    Image: IMAGE,
+    Cmd: ['sleep', '2147483647'],
+    User: '0:0',
+    WorkingDir: WORKDIR,
+    Env: ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'HOME=/tmp'],
+    Labels: { [BENCH_LABEL]: runId },
+    NetworkDisabled: true,
+    HostConfig: {
+      NetworkMode: 'none', CapDrop: ['ALL'], SecurityOpt: ['no-new-privileges'],
+      Memory: memory, MemorySwap: memory, NanoCpus: Math.round(LIMITS.cpus * 1e9), PidsLimit: LIMITS.pids, Init: true,
+      ...(inputs.storageOpt && { StorageOpt: inputs.storageOpt }),
+      AutoRemove: false,
+    },
+  }));
+  try {
+    await step('start', () => container.start());
+    await step('put workspace', () => container.putArchive(inputs.workspace, { path: '/' }));
+    const env = ['TASK_ID=fix', 'TASK_INSTRUCTION=write fixed into state.txt'];
+    const agent = await step('agent exec', () => execIn(docker, container, AGENT_COMMAND, env));
+    if (agent !== 0) throw new Error(`direct: agent exited ${agent}`);
+    await step('put tests', () => container.putArchive(inputs.tests, { path: '/' }));
+    const verifier = await step('verify exec', () => execIn(docker, container, VERIFY_COMMAND, []));
+    if (verifier !== 0) throw new Error(`direct: verifier exited ${verifier} (the agent's write did not land)`);
+    await step('get workspace', async () => {
+      const tar = (await container.getArchive({ path: WORKDIR })) as NodeJS.ReadableStream;
+      for await (const _chunk of tar) { /* read to the end, as the fleet's snapshot does */ }
+    });
+  } finally {
+    await step('remove', () => container.remove({ force: true, v: true }));
+  }
+  return t;
+}
+
+interface DirectRun { seconds: number; perSec: number; steps: StepTimes[]; episodeMs: number[] }
+
+async function runDirect(docker: Docker, inputs: Inputs, runId: string, episodes: number, concurrency: number): Promise<DirectRun> {
+  let next = 0;
+  const steps: StepTimes[] = [];
+  const episodeMs: number[] = [];
+  const started = performance.now();
+  await Promise.all(Array.from({ length: concurrency }, async () => {
+    while (next < episodes) {
+      const n = next++;
+      const s = performance.now();
+      steps.push(await directEpisode(docker, inputs, runId, n));
+      episodeMs.push(performance.now() - s);
+    }
+  }));
+  const seconds = (performance.now() - started) / 1000;
+  return { seconds, perSec: episodes / seconds, steps, episodeMs };
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The fleet: worker processes from the compiled CLI on a private Redis.
+
+interface FleetRun { seconds: number; perSec: number; removedSeconds: number; timings: Record<string, number[]>; queueWaitMs: number[] }
+
+interface FleetEnv {
+  redisUrl: string;
+  client: Redis;
+  dir: string;
+  queue: Queue;
+  flows: FlowProducer;
+  results: ResultsStore;
+  docker: Docker;
+}
+
+class Workers {
+  private children: ChildProcess[] = [];
+  constructor(private readonly env: FleetEnv) {}
+
+  async start(setting: Setting, dockerHost: string, tag: string): Promise<void> {
+    const env = {
+      ...process.env, REDIS_URL: this.env.redisUrl, FLEET_PREFIX: PREFIX, FLEET_DATA_DIR: path.join(this.env.dir, 'data'),
+      LOG_LEVEL: 'warn', DOCKER_HOST: dockerHost, FLEET_SANDBOX_POOL: String(pool),
+    };
+    for (let i = 0; i < setting.workers; i++) {
+      this.children.push(spawn(process.execPath, [BIN, 'worker', '--concurrency', String(setting.concurrency)], {
+        env: { ...env, FLEET_WORKER_ID: `ovh-${tag}-${i}` }, stdio: ['ignore', 'ignore', 'inherit'],
+      }));
+    }
+    await poll(`${setting.workers} workers to connect`, 60_000, async () => (await this.env.queue.getWorkers()).length >= setting.workers);
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(this.children.splice(0).map(async (c) => {
+      if (c.exitCode === null && c.signalCode === null) {
+        c.kill('SIGTERM');
+        await once(c, 'exit');
+      }
+    }));
+    // A stopped worker's connections linger in CLIENT LIST for a moment: the next start must not count them.
+    await poll('stopped workers to disconnect', 30_000, async () => (await this.env.queue.getWorkers()).length === 0);
+  }
+}
+
+/** Enqueue `episodes` trivial episodes, wait for every result (polled every 10 ms) and every sandbox's removal. */
+async function runFleetBatch(f: FleetEnv, name: string, episodes: number): Promise<FleetRun> {
+  const file = await writeCommandBatch(f.dir, name, { samples: episodes, command: AGENT_COMMAND });
+  const batch = await loadBatch(file);
+  const started = performance.now();
+  const startedAt = Date.now();
+  const plan = await enqueueBatch(batch, { flows: f.flows, redis: f.client, prefix: PREFIX, results: f.results });
+  await poll(`${episodes} results`, 600_000, async () => (await f.results.resultCount(plan.batchId)) >= episodes, 10);
+  const seconds = (performance.now() - started) / 1000;
+  // Done when no container of the batch is left (the cleanup queue's reaper is always scheduled, so its counts never reach 0).
+  await poll('sandboxes to be removed', 120_000, async () =>
+    (await f.docker.listContainers({ all: true, filters: { label: [`${LABEL.batch}=${plan.batchId}`] } })).length === 0, 50);
+  const removedSeconds = (performance.now() - started) / 1000;
+  // Read raw: every timings field the worker wrote, also ones the result schema does not know yet.
+  const raw = Object.values(await f.client.hgetall(batchResultsKey(PREFIX, plan.batchId))).map((v) => JSON.parse(v) as {
+    status: string; timings?: Record<string, unknown>; startedAt?: string; error?: unknown;
+  });
+  const bad = raw.filter((r) => r.status !== 'passed');
+  if (bad.length > 0) throw new Error(`${bad.length} fleet episodes did not pass: ${JSON.stringify(bad[0])}`);
+  const timings: Record<string, number[]> = {};
+  for (const r of raw) {
+    for (const [k, v] of Object.entries(r.timings ?? {})) if (typeof v === 'number') (timings[k] ??= []).push(v);
+  }
+  const queueWaitMs = raw.flatMap((r) => (r.startedAt ? [Date.parse(r.startedAt) - startedAt] : []));
+  return { seconds, perSec: episodes / seconds, removedSeconds, timings, queueWaitMs };
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+function mergeDirect(runs: DirectRun[]): DirectRun {
+  const seconds = runs.reduce((a, r) => a + r.seconds, 0);
+  const n = runs.reduce((a, r) => a + r.episodeMs.length, 0);
+  return { seconds, perSec: n / seconds, steps: runs.flatMap((r) => r.steps), episodeMs: runs.flatMap((r) => r.episodeMs) };
+}
+
+function mergeFleet(runs: FleetRun[]): FleetRun {
+  const seconds = runs.reduce((a, r) => a + r.seconds, 0);
+  const n = runs.reduce((a, r) => a + r.perSec * r.seconds, 0);
+  const timings: Record<string, number[]> = {};
+  for (const r of runs) for (const [k, v] of Object.entries(r.timings)) (timings[k] ??= []).push(...v);
+  return { seconds, perSec: n / seconds, removedSeconds: runs.reduce((a, r) => a + r.removedSeconds, 0), timings, queueWaitMs: runs.flatMap((r) => r.queueWaitMs) };
+}
+
+function describeDirect(d: DirectRun): string {
+  const steps = STEPS.map((s) => `${s} ${ms(quantile(d.steps.map((t) => t[s]), 0.5))}`).join(', ');
+  return `episode p50 ${ms(quantile(d.episodeMs, 0.5))} ms (p50 ms: ${steps})`;
+}
+
+function describeFleet(r: FleetRun): string {
+  const order = ['setupMs', 'agentMs', 'verifyMs', 'closeMs', 'totalMs'];
+  const keys = Object.keys(r.timings).sort((a, b) => (order.indexOf(a) + 1 || 99) - (order.indexOf(b) + 1 || 99) || a.localeCompare(b));
+  const phases = keys.map((k) => `${k} ${ms(quantile(r.timings[k]!, 0.5))}/${ms(quantile(r.timings[k]!, 0.9))}`).join(', ');
+  return `timings p50/p90 ms: ${phases}`;
+}
+
+interface Row { setting: string; episodes: number; direct: DirectRun; fleet: FleetRun; timeRatio: number; rateRatio: number; load: string }
+
+async function main(): Promise<void> {
+  const realHost = process.env.DOCKER_HOST ?? `unix://${ENGINE_SOCKET}`;
+  const docker = createDocker(realHost);
+  await docker.getImage(IMAGE).inspect().catch(() => {
+    throw new Error(`image ${IMAGE} not found: build it first (npm run setup)`);
+  });
+  const runId = randomBytes(4).toString('hex');
+  const redis = await startPrivateRedis();
+  const client = new Redis(redis.url, { maxRetriesPerRequest: null, connectionName: 'rf-bench-ovh' });
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-bench-ovh-'));
+  const f: FleetEnv = {
+    redisUrl: redis.url, client, dir, docker,
+    queue: new Queue(EPISODES_QUEUE, { connection: client, prefix: PREFIX }),
+    flows: new FlowProducer({ connection: client, prefix: PREFIX }),
+    results: new ResultsStore(client, PREFIX, path.join(dir, 'data')),
+  };
+  const workers = new Workers(f);
+  let proxy: CountingProxy | undefined;
+  const others = async () => (await docker.listContainers()).filter((c) => c.Labels?.[BENCH_LABEL] === undefined && c.Labels?.[LABEL.fleet] !== PREFIX).length;
+  try {
+    const inputs = await buildInputs(docker, runId);
+    out(`bench: ${os.cpus().length} cores, load ${os.loadavg().map((l) => l.toFixed(1)).join(' ')}, ${await others()} other running containers on the engine; `
+      + `pool ${pool}, StorageOpt ${inputs.storageOpt ? 'accepted' : 'refused (the fleet watches the disk instead)'}`);
+    const rows: Row[] = [];
+
+    if (!values['no-timing']) {
+      for (const setting of settings) {
+        const slots = setting.workers * setting.concurrency;
+        const perRound = Math.max(Math.ceil(episodesOpt / rounds), 2 * slots);
+        const loadBefore = load();
+        const directs: DirectRun[] = [];
+        const fleets: FleetRun[] = [];
+        // Warm-up (not timed): one wave each, so JIT, connections, the runtime generation and a pool are warm.
+        await runDirect(docker, inputs, runId, slots, slots);
+        await workers.start(setting, realHost, `${setting.label}-${runId}`);
+        try {
+          await runFleetBatch(f, `warm-${setting.label}-${runId}`, slots);
+          if (settleSec > 0) await new Promise((r) => setTimeout(r, settleSec * 1000));
+          // Short blocks, alternating which goes first: on a shared host both sides meet the same load.
+          for (let round = 1; round <= rounds; round++) {
+            const fleetRun = async () => {
+              fleets.push(await runFleetBatch(f, `ovh-${setting.label}-r${round}-${runId}`, perRound));
+              if (settleSec > 0) await new Promise((r) => setTimeout(r, settleSec * 1000));
+            };
+            const directRun = async () => {
+              directs.push(await runDirect(docker, inputs, runId, perRound, slots));
+            };
+            for (const run of round % 2 === 1 ? [directRun, fleetRun] : [fleetRun, directRun]) await run();
+          }
+        } finally {
+          await workers.stop();
+        }
+        const direct = mergeDirect(directs);
+        const fleet = mergeFleet(fleets);
+        const timeRatio = fleet.seconds / direct.seconds;
+        const rateRatio = fleet.perSec / direct.perSec;
+        const roundRatios = fleets.map((fr, i) => fr.seconds / directs[i]!.seconds);
+        const episodes = perRound * rounds;
+        const l = `${loadBefore}->${load()}`;
+        rows.push({ setting: setting.label, episodes, direct, fleet, timeRatio, rateRatio, load: l });
+        out(`\n${setting.label}: ${setting.workers} worker process(es) x concurrency ${setting.concurrency} vs direct at concurrency ${slots}, `
+          + `${rounds} round(s) of ${perRound} episodes each side, load ${l}`);
+        out(`  direct: ${direct.seconds.toFixed(2)} s, ${direct.perSec.toFixed(2)} episodes/s; ${describeDirect(direct)}`);
+        out(`  fleet:  ${fleet.seconds.toFixed(2)} s enqueue -> last result (${fleet.removedSeconds.toFixed(2)} s to every sandbox removed), ${fleet.perSec.toFixed(2)} episodes/s; `
+          + `enqueue -> first pick-up p50 ${ms(quantile(fleets.map((fr) => Math.min(...fr.queueWaitMs)), 0.5))} ms; ${describeFleet(fleet)}`);
+        out(`  fleet/direct time ${timeRatio.toFixed(2)}x (lower is better), throughput ${rateRatio.toFixed(2)}x; per round: ${roundRatios.map((r) => `${r.toFixed(2)}x`).join(' ')}`);
+      }
+      out('\nsummary (fleet time / direct time, lower is better; throughput fleet / direct; times summed over rounds):');
+      out('  setting  episodes  direct s  direct ep/s  fleet s  fleet ep/s  time ratio  throughput ratio  setup p50 ms  load');
+      for (const r of rows) {
+        out(`  ${r.setting.padEnd(7)}  ${String(r.episodes).padStart(8)}  ${r.direct.seconds.toFixed(2).padStart(8)}  ${r.direct.perSec.toFixed(2).padStart(11)}  `
+          + `${r.fleet.seconds.toFixed(2).padStart(7)}  ${r.fleet.perSec.toFixed(2).padStart(10)}  ${`${r.timeRatio.toFixed(2)}x`.padStart(10)}  `
+          + `${`${r.rateRatio.toFixed(2)}x`.padStart(16)}  ${ms(quantile(r.fleet.timings.setupMs ?? [], 0.5)).padStart(12)}  ${r.load}`);
+      }
+    }
+
+    if (!values['no-count']) {
+      // Counted: the workers (DOCKER_HOST) and a direct client both go through the proxy; the bench's
+      // own polls of the engine do not.
+      proxy = await startCountingProxy(path.join(os.tmpdir(), `rf-calls-${process.pid}.sock`));
+      const counted = createDocker(`unix://${proxy.socketPath}`);
+      const slots = countSetting.workers * countSetting.concurrency;
+      proxy.phase = 'worker start-up';
+      await workers.start(countSetting, `unix://${proxy.socketPath}`, `count-${runId}`);
+      try {
+        proxy.phase = 'warm-up';
+        await runFleetBatch(f, `count-warm-${runId}`, slots);
+        proxy.phase = 'idle';
+        await new Promise((r) => setTimeout(r, Math.max(1_000, settleSec * 1000)));
+        proxy.phase = 'fleet';
+        const fleetStarted = performance.now();
+        await runFleetBatch(f, `count-${runId}`, countEpisodes);
+        const fleetWindowSec = (performance.now() - fleetStarted) / 1000;
+        proxy.phase = 'after';
+        await workers.stop();
+        proxy.phase = 'direct';
+        await runDirect(counted, inputs, runId, countEpisodes, slots);
+        proxy.phase = 'done';
+        printCounts(proxy.records, countEpisodes, countSetting, fleetWindowSec);
+      } finally {
+        await workers.stop();
+      }
+    }
+    out(`\nload at the end: ${os.loadavg().map((l) => l.toFixed(1)).join(' ')}`);
+  } finally {
+    await workers.stop().catch(() => undefined);
+    await proxy?.close();
+    const left = await docker.listContainers({ all: true, filters: { label: [`${BENCH_LABEL}=${runId}`] } }).catch(() => []);
+    await Promise.all(left.map((c) => docker.getContainer(c.Id).remove({ force: true }).catch(() => undefined)));
+    await f.queue.close();
+    await f.flows.close();
+    await client.quit();
+    await redis.stop();
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+/** Calls the worker makes on a timer, whatever it runs: listed apart, never divided by episodes. */
+const PERIODIC = new Set(['GET /images/json', 'GET /containers/json?all&filters', 'GET /info', 'GET /volumes/{name}', 'GET /volumes?filters', 'GET /_ping']);
+
+function printCounts(records: CallRecord[], episodes: number, setting: Setting, windowSec: number): void {
+  const byPhase = (phase: string) => {
+    const m = new Map<string, { n: number; lat: number[] }>();
+    for (const r of records) {
+      if (r.phase !== phase) continue;
+      const e = m.get(r.kind) ?? { n: 0, lat: [] };
+      e.n += 1;
+      if (r.latencyMs !== undefined) e.lat.push(r.latencyMs);
+      m.set(r.kind, e);
+    }
+    return m;
+  };
+  const idle = byPhase('idle');
+  const background = (kind: string) => PERIODIC.has(kind) || idle.has(kind);
+  const fleet = byPhase('fleet');
+  const direct = byPhase('direct');
+  const kinds = [...new Set([...fleet.keys(), ...direct.keys()])].filter((k) => !background(k)).sort((a, b) => {
+    const [ma, pa] = a.split(' ');
+    const [mb, pb] = b.split(' ');
+    return pa!.localeCompare(pb!) || ma!.localeCompare(mb!);
+  });
+  out(`\nDocker API calls per episode by kind: ${episodes} trivial episodes, fleet at ${setting.workers} worker process(es) x concurrency ${setting.concurrency}, `
+    + `direct at concurrency ${setting.workers * setting.concurrency}, through a counting proxy (window: enqueue -> every sandbox removed)`);
+  out(`  ${'kind'.padEnd(48)} ${'fleet'.padStart(6)} ${'direct'.padStart(6)}   fleet p50 ms  direct p50 ms (to first response byte)`);
+  let fleetTotal = 0;
+  let directTotal = 0;
+  for (const k of kinds) {
+    const fe = fleet.get(k);
+    const de = direct.get(k);
+    fleetTotal += fe?.n ?? 0;
+    directTotal += de?.n ?? 0;
+    out(`  ${k.padEnd(48)} ${((fe?.n ?? 0) / episodes).toFixed(2).padStart(6)} ${((de?.n ?? 0) / episodes).toFixed(2).padStart(6)}   `
+      + `${ms(quantile(fe?.lat ?? [], 0.5)).padStart(12)}  ${ms(quantile(de?.lat ?? [], 0.5)).padStart(13)}`);
+  }
+  out(`  ${'total per episode'.padEnd(48)} ${(fleetTotal / episodes).toFixed(2).padStart(6)} ${(directTotal / episodes).toFixed(2).padStart(6)}`);
+  const bg = [...fleet.entries()].filter(([k]) => background(k)).map(([k, e]) => `${k} x${e.n}`);
+  out(`  background calls in the fleet's ${windowSec.toFixed(1)} s window (periodic, not per episode): ${bg.length > 0 ? bg.join(', ') : 'none'}`);
+  for (const phase of ['worker start-up', 'warm-up', 'idle']) {
+    const m = byPhase(phase);
+    const list = [...m.entries()].sort(([a], [b]) => a.localeCompare(b)).map(([k, e]) => `${k} x${e.n}`);
+    out(`  ${phase} (not counted above): ${list.length > 0 ? list.join(', ') : 'none'}`);
+  }
+}
+
+await main();
