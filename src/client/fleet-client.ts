@@ -165,6 +165,18 @@ export class FleetClient {
     }
   }
 
+  /** Every result of the batch recorded so far (undefined for an unknown batch). */
+  async resultsSoFar(batchId: string): Promise<EpisodeResult[] | undefined> {
+    if ((await this.store.getManifest(batchId)) === undefined) return undefined;
+    return this.store.results(batchId);
+  }
+
+  /** The trajectory document of each result, read one at a time from the artifact store. */
+  async *trajectories(results: readonly EpisodeResult[], signal: AbortSignal): AsyncGenerator<TrajectoryRecord> {
+    const { trajectoryRecords } = await import('../results/trajectory-export.ts');
+    yield* trajectoryRecords(results, await this.artifacts(), signal);
+  }
+
   /** One episode's result, or undefined while it has none. */
   async result(batchId: string, episodeId: string): Promise<EpisodeResult | undefined> {
     return this.store.get(batchId, episodeId);
@@ -178,8 +190,7 @@ export class FleetClient {
   async trajectory(batchId: string, episodeId: string, signal: AbortSignal = AbortSignal.timeout(60_000)): Promise<TrajectoryRecord | undefined> {
     const result = await this.store.get(batchId, episodeId);
     if (result === undefined) return undefined;
-    const { trajectoryRecords } = await import('../results/trajectory-export.ts');
-    for await (const record of trajectoryRecords([result], await this.artifacts(), signal)) return record;
+    for await (const record of this.trajectories([result], signal)) return record;
     return undefined;
   }
 
