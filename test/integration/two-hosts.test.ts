@@ -15,7 +15,7 @@ import { openArtifactStore } from '../../src/artifacts/open-store.ts';
 import { imageChecker } from '../../src/cli/queue-clients.ts';
 import type { ArtifactStore } from '../../src/artifacts/artifact-store.ts';
 import { startModelStub, type ModelStub } from '../../src/model/model-stub.ts';
-import { checkpointLatestKey } from '../../src/redis/redis-keys.ts';
+import { checkpointLatestKey, sandboxClaimKey } from '../../src/redis/redis-keys.ts';
 import { engineId } from '../../src/sandbox/docker-client.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
@@ -146,12 +146,15 @@ describe.each(['s3', 'shared folder'] as const)('two hosts, one fleet (%s store)
     const container = await engineB.docker.createContainer({ Image: DEFAULT_IMAGE, Cmd: ['sleep', '600'], Labels: { [LABEL.fleet]: env.prefix } });
     const job = (data: object) => ({ name: REMOVE_SANDBOX_JOB, data }) as unknown as Job;
     const data = { episodeId: 'elsewhere.t.0', containerId: container.id, engineId: await engineId(engineB.docker, { timeoutMs: 10_000 }) };
-    const deps = (engine: typeof docker) => ({ docker: engine, reapMinAgeMs: 60_000, runtimeMaxIdleMs: 3_600_000, callTimeoutMs: 10_000 }) as unknown as CleanupProcessorDeps;
+    const deps = (engine: typeof docker) => ({ docker: engine, redis: env.client, prefix: env.prefix, reapMinAgeMs: 60_000, runtimeMaxIdleMs: 3_600_000, callTimeoutMs: 10_000 }) as unknown as CleanupProcessorDeps;
+    // Were it a claimed warm sandbox, its claim would go with it.
+    await env.client.set(sandboxClaimKey(env.prefix, container.id), '{"episodeId":"elsewhere.t.0","batchId":"elsewhere","attempt":1}');
     // On host A's engine the container is "not found": the job fails (to be retried), nothing is reported removed.
     await expect(cleanupProcessor(deps(docker))(job(data))).rejects.toThrow(/runs on engine .* not this worker's/);
     expect((await engineB.docker.getContainer(container.id).inspect()).Id).toBe(container.id);
     // On its own engine it is removed.
     await expect(cleanupProcessor(deps(engineB.docker))(job(data))).resolves.toEqual({ removed: container.id });
     await expect(engineB.docker.getContainer(container.id).inspect()).rejects.toMatchObject({ statusCode: 404 });
+    expect(await env.client.exists(sandboxClaimKey(env.prefix, container.id))).toBe(0);
   });
 });
