@@ -125,11 +125,13 @@ interface AgentEvents {
   toolCalls: Map<number, Array<Extract<AgentEvent, { type: 'tool_call' }>>>;
   /** seq, turn and the length of the conversation at the checkpoint. */
   checkpoints: Array<{ seq: number; turn: number; messages: number }>;
+  /** The conversation of the newest checkpoint: it holds the outputs of the last turn's tools, which no model call saw. */
+  lastMessages: unknown[];
 }
 
 /** The reference agent's events in its stdout, and the stdout without them (they are the protocol, not output). */
 function agentEvents(stdout: string): { events: AgentEvents; rest: string; hidden: number } {
-  const events: AgentEvents = { modelCalls: [], toolCalls: new Map(), checkpoints: [] };
+  const events: AgentEvents = { modelCalls: [], toolCalls: new Map(), checkpoints: [], lastMessages: [] };
   const rest: string[] = [];
   let hidden = 0;
   for (const line of stdout.split('\n')) {
@@ -144,7 +146,10 @@ function agentEvents(stdout: string): { events: AgentEvents; rest: string; hidde
     const e = parsed.data;
     if (e.type === 'model_call') events.modelCalls.push(e);
     else if (e.type === 'tool_call') events.toolCalls.set(e.turn, [...(events.toolCalls.get(e.turn) ?? []), e]);
-    else if (e.type === 'checkpoint') events.checkpoints.push({ seq: e.seq, turn: e.turn, messages: e.messages.length });
+    else if (e.type === 'checkpoint') {
+      events.checkpoints.push({ seq: e.seq, turn: e.turn, messages: e.messages.length });
+      events.lastMessages = e.messages;
+    }
   }
   return { events, rest: rest.join('\n'), hidden };
 }
@@ -224,7 +229,11 @@ export function buildAttemptTranscript(files: AttemptFiles, meta: { episodeId: s
   }
   out.source = conv.source;
   if (conv.calls) out.calls = conv.calls;
-  const messages = conv.messages;
+  // The reference agent's last tools ran after its last model call: their outputs are in its newest
+  // checkpoint only. Added when that checkpoint continues this conversation (the same roles up to its end).
+  const last = events?.lastMessages ?? [];
+  const continues = last.length > conv.messages.length && conv.messages.every((m, i) => isObject(m) && isObject(last[i]) && m.role === last[i].role);
+  const messages = continues ? [...conv.messages, ...last.slice(conv.messages.length)] : conv.messages;
   out.turnCount = conv.turns.length;
 
   // Each turn with the reference agent's events of the same call: its model_call events come in the

@@ -12,9 +12,9 @@ import { formatMs } from './svg-charts.ts';
 
 export const transcriptHref = (batchId: string, episodeId: string) => `${episodeHref(batchId, episodeId)}/transcript`;
 
-/** Characters of text one block shows at most, and the whole page. */
-export const BLOCK_CHARS = 100_000;
-export const PAGE_CHARS = 4_000_000;
+/** Characters of text one block shows at most, and the whole page (shared by its attempts). */
+export const BLOCK_CHARS = 64_000;
+export const PAGE_CHARS = 2_000_000;
 /** Text longer than this (characters or lines) is folded. */
 const FOLD_CHARS = 1_000;
 const FOLD_LINES = 12;
@@ -186,7 +186,7 @@ function attemptSection(t: AttemptTranscript, budget: PageBudget): SafeHtml {
   return html`<section class="attempt" data-attempt="${t.attempt}">
 <h2>Attempt ${t.attempt} ${r ? html`<span class="status ${r.status}">${r.status}</span>` : html`<span class="muted">(no result)</span>`}</h2>
 <p class="meta">${r ? `worker ${r.workerId} · ${r.startedAt} · ${formatMs(r.timings.totalMs)} in all${r.timings.agentMs !== undefined ? `, agent ${formatMs(r.timings.agentMs)}` : ''}` : ''}${r?.resumedFrom !== undefined ? html` · <b>resumed from checkpoint ${r.resumedFrom}</b>` : ''}
-${t.source ? html`<br>${t.turnCount} turns · model calls: ${calls || 'none'} · model time ${formatMs(t.totals.modelMs)} · ${t.totals.promptTokens} prompt + ${t.totals.completionTokens} completion tokens` : ''}</p>
+${t.source ? html`<br>${t.turnCount} ${t.turnCount === 1 ? 'turn' : 'turns'} · model calls: ${calls || 'none'} · model time ${formatMs(t.totals.modelMs)} · ${t.totals.promptTokens} prompt + ${t.totals.completionTokens} completion tokens` : ''}</p>
 ${t.notes.map((n) => html`<p class="note">${n}</p>`)}
 <h3>Conversation${t.source ? html` <span class="muted">(${t.source})</span>` : ''}</h3>
 ${t.source === undefined
@@ -221,13 +221,19 @@ export interface TranscriptPageData {
 
 export function transcriptPage(data: TranscriptPageData, links: Links): SafeHtml {
   const { result, attempts } = data;
-  const budget = new PageBudget();
+  // Each attempt its share of the page, so the first cannot leave nothing to the others.
+  const budgets = attempts.map(() => new PageBudget(Math.floor(PAGE_CHARS / Math.max(1, attempts.length))));
   const body = html`<style>${STYLE}</style>
 <p><a href="${batchHref(data.batchId)}">batch ${data.batchId}</a> | <a href="${episodeHref(data.batchId, data.episodeId)}">episode page (result and evidence files)</a> | <a class="job" href="${jobHref(links, data.episodeId)}">job in Bull Board</a></p>
 <p class="summary">${result === undefined
     ? html`<span class="muted">No result yet.</span>`
     : html`task <b>${result.taskId}</b> · agent <b>${result.provenance.agent.kind}</b> · final status <b class="status ${result.status}">${result.status}</b> · reward <b class="final-reward">${result.reward === null ? 'not graded' : result.reward}</b> · ${result.attempts} ${result.attempts === 1 ? 'attempt' : 'attempts'}`}</p>
-${attempts.length === 0 ? html`<p class="muted">No evidence of any attempt.</p>` : html`<div class="attempts">${attempts.map((a) => attemptSection(a, budget))}</div>`}
-${budget.remaining <= 0 ? html`<p class="note">This page shows the first ${PAGE_CHARS} characters of the episode's text; the rest is in the evidence files.</p>` : ''}`;
-  return layout(`Transcript of ${data.episodeId}`, links, body);
+${attempts.length === 0 ? html`<p class="muted">No evidence of any attempt.</p>` : ''}`;
+  const sections = attempts.length === 0 ? html`` : html`<div class="attempts">${attempts.map((a, i) => attemptSection(a, budgets[i]!))}</div>`;
+  const cut = budgets.some((b) => b.remaining <= 0)
+    ? html`<p class="note">This page shows ${PAGE_CHARS} characters of the episode's text, shared by its attempts; the rest is in the evidence files.</p>`
+    : '';
+  return layout(`Transcript of ${data.episodeId}`, links, html`${body}
+${cut}
+${sections}`);
 }

@@ -47,7 +47,8 @@ const attempt1: AttemptFiles = {
   attempt: 1,
   files: {
     'result.json': file(JSON.stringify(result())),
-    'trajectory.json': trajectory(messages, [turn(0, 2, messages[2]), turn(1, 4, messages[4])]),
+    // The last call's answer ends the trajectory: the outputs of its tools are in the newest checkpoint only.
+    'trajectory.json': trajectory(messages.slice(0, 5), [turn(0, 2, messages[2]), turn(1, 4, messages[4])]),
     'agent.stdout.txt': file(events),
     'verifier.stdout.txt': file('ok\n'),
     'workspace.diff': file('Index: greet.sh\n===================================================================\n--- a/greet.sh\n+++ b/greet.sh\n@@ -1,1 +1,1 @@\n-echo bye\n+echo hi\n'),
@@ -123,6 +124,16 @@ describe('transcript view', () => {
     expect(textBlock('y', budget).value).toContain('1 more characters not shown');
     const long = textBlock(`first line\n${'z\n'.repeat(40)}`, new PageBudget()).value;
     expect(long).toMatch(/^<details class="fold"><summary>first line <span class="muted">\(42 lines/);
+  });
+
+  it('shares the page between the attempts: a huge first one leaves the others their part', () => {
+    const huge = 'h'.repeat(50_000);
+    const big = (attempt: number): AttemptFiles => ({ attempt, files: { 'trajectory.json': trajectory(Array.from({ length: 40 }, () => ({ role: 'user', content: `attempt ${attempt}\n${huge}` })), []) } });
+    const page = transcriptPage({ batchId: 'b', episodeId: 'b.t.0', result: undefined, attempts: [1, 2].map((n) => buildAttemptTranscript(big(n), { episodeId: 'b.t.0', taskId: 't' })) }, links).value;
+    expect(page).toContain('shared by its attempts');
+    expect(page.length).toBeLessThan(2_200_000);
+    const second = page.slice(page.indexOf('data-attempt="2"'));
+    expect(second).toContain('attempt 2\nhhh');
   });
 
   it('keeps hostile text inert: only its own tags on the page, control and bidi characters visible', () => {
