@@ -64,7 +64,8 @@ export class LlmAgent implements Agent {
     });
     const agentRun: AgentRun = { ...run, usage, ...(final && { finalReason: final.reason }) };
     if (run.timedOut || run.aborted) return agentRun;
-    if (failure?.kind === 'model') throw new FleetError('model_error', failure.message);
+    // Its output goes with the failure: the evidence keeps the events (the checkpoints it took) of a model failure too.
+    if (failure?.kind === 'model') throw Object.assign(new FleetError('model_error', failure.message), { agentRun });
     if (final === undefined || run.exitCode !== 0) {
       const why = failure?.message ?? `exited with ${run.exitCode} without a final event (${parser.dropped} malformed event lines)`;
       throw Object.assign(new FleetError('agent_crashed', `the agent crashed: ${why}`), { agentRun });

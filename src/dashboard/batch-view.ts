@@ -101,7 +101,7 @@ export interface EpisodePageData {
 
 export function episodePage(data: EpisodePageData, links: Links): SafeHtml {
   const { result, evidence } = data;
-  const body = html`<p><a href="${batchHref(data.batchId)}">batch ${data.batchId}</a> | <a class="job" href="${jobHref(links, data.episodeId)}">job in Bull Board</a></p>
+  const body = html`<p><a href="${batchHref(data.batchId)}">batch ${data.batchId}</a> | <a class="transcript" href="${episodeHref(data.batchId, data.episodeId)}/transcript">transcript</a> | <a class="job" href="${jobHref(links, data.episodeId)}">job in Bull Board</a></p>
 <h2>Result</h2>
 ${result === undefined ? html`<p class="muted">No result yet.</p>` : html`<pre class="result">${JSON.stringify(redactSecrets(result), null, 2)}</pre>`}
 <h2>Evidence</h2>

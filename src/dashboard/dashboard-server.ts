@@ -19,6 +19,7 @@ import { basicAuth, type Credentials } from './basic-auth.ts';
 import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { batchPages } from './batch-pages.ts';
 import { hostsPage } from './hosts-page.ts';
+import { transcriptPages } from './transcript-page.ts';
 import { episodeHref } from './batch-view.ts';
 import { bullBoardRouter } from './bull-board.ts';
 import { createFleetMetrics } from './fleet-metrics.ts';
@@ -129,6 +130,7 @@ export function createDashboardApp(opts: DashboardOptions): DashboardApp {
     next();
   });
   app.use(batchPages({ results, dataDir: opts.dataDir, ...(opts.artifacts && { artifacts: opts.artifacts }), links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
+  app.use(transcriptPages({ results, dataDir: opts.dataDir, ...(opts.artifacts && { artifacts: opts.artifacts }), links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
   app.use(hostsPage({ redis, prefix, links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
 
   app.use((_req, res) => {
