@@ -18,6 +18,7 @@ import { ResultsStore } from '../results/results-store.ts';
 import { basicAuth, type Credentials } from './basic-auth.ts';
 import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { batchPages } from './batch-pages.ts';
+import { CompletionRates } from './completion-rates.ts';
 import { hostsPage } from './hosts-page.ts';
 import { episodeHref } from './batch-view.ts';
 import { bullBoardRouter } from './bull-board.ts';
@@ -128,7 +129,8 @@ export function createDashboardApp(opts: DashboardOptions): DashboardApp {
     if (!req.path.startsWith(BULL_BOARD_PATH)) res.set('Content-Security-Policy', "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'");
     next();
   });
-  app.use(batchPages({ results, dataDir: opts.dataDir, ...(opts.artifacts && { artifacts: opts.artifacts }), links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
+  const rates = new CompletionRates(redis, prefix);
+  app.use(batchPages({ results, rates, dataDir: opts.dataDir, ...(opts.artifacts && { artifacts: opts.artifacts }), links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
   app.use(hostsPage({ redis, prefix, links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
 
   app.use((_req, res) => {
