@@ -5,6 +5,7 @@ import type { EpisodeResult } from '../../queues/episodes/contract.ts';
 import { summarize } from '../../src/results/batch-summary.ts';
 import { taskStats, timelineBins } from '../../src/dashboard/batch-stats.ts';
 import { batchPage, filterHref, parseEpisodeFilter } from '../../src/dashboard/batch-view.ts';
+import { fleetPageHtml, type FleetView } from '../../src/dashboard/fleet-page.ts';
 
 const links = { bullBoardPath: '/queues', episodesQueue: 'episodes' };
 const T0 = Date.parse('2026-01-01T00:00:00.000Z');
@@ -72,5 +73,29 @@ describe('episode filter', () => {
     expect(second).toContain('<a rel="next" href="/batches/b?page=3#episodes">');
     // A page past the end shows the last one.
     expect(rows(page({ page: '99' }, 2))).toEqual(['b.a.3']);
+  });
+});
+
+describe('fleet page', () => {
+  it('renders the view escaped, links only as given, and loads its script from this origin', () => {
+    const view: FleetView = {
+      at: '2026-01-01T00:00:00.000Z',
+      fields: { workers: '1 worker on 1 host', slots: '1 of 2 episode slots in use', pooled: '0 warm sandboxes ready', lastMinute: '3', lastTen: '3 (0.3/min)', reapedTotal: '0', at: 'now' },
+      tables: {
+        workers: [{ key: 'w"1', cells: ['<host>', { text: '', meter: { value: 1, max: 2 } }] }],
+        running: [{ key: 'b.t.0', cells: [{ text: '<e>', href: '/batches/b/episodes/b.t.0' }, { text: 'agent', cls: 'phase agent' }] }],
+        queues: [],
+      },
+    };
+    const markup = fleetPageHtml(view, links).value;
+    expect(markup).toContain('<td>&lt;host&gt;</td>');
+    expect(markup).toContain('<tr data-key="w&quot;1">');
+    expect(markup).toContain('<meter min="0" max="2" value="1"></meter>');
+    expect(markup).toContain('<a href="/batches/b/episodes/b.t.0">&lt;e&gt;</a>');
+    expect(markup).toContain('<td class="phase agent">agent</td>');
+    expect(markup).toContain('<table id="t-queues" data-table="queues"><thead><tr><th>queue</th>');
+    expect(markup).toMatch(/<tr class="empty"><td class="muted" colspan="\d+">none<\/td><\/tr>/);
+    expect(markup).toContain('<span data-field="lastMinute">3</span>');
+    expect([...markup.matchAll(/<script[^>]*>/g)].map((m) => m[0])).toEqual(['<script src="/fleet.js" defer>']);
   });
 });
