@@ -4,6 +4,7 @@ import type { Job } from 'bullmq';
 import { UnrecoverableError } from 'bullmq';
 import type Docker from 'dockerode';
 import { reapOrphans, type ReapDeps, type ReapReport } from '../../src/cleanup/reap-orphans.ts';
+import { recordReaperRun } from '../../src/cleanup/reaper-runs.ts';
 import { describeIssues } from '../../src/config/zod-issues.ts';
 import { removeStaleGenerations } from '../../src/runtime/remove-stale-generations.ts';
 import { sandboxClaimKey } from '../../src/redis/redis-keys.ts';
@@ -22,9 +23,31 @@ export interface CleanupProcessorDeps extends ReapDeps {
 export function cleanupProcessor(deps: CleanupProcessorDeps) {
   return async (job: Job): Promise<CleanupResult | (ReapReport & { staleGenerationsRemoved: string[] })> => {
     if (job.name === REAP_JOB) {
-      const report = await reapOrphans(deps, deps.reapMinAgeMs);
-      const generations = await removeStaleGenerations(deps, { maxIdleMs: deps.runtimeMaxIdleMs, callTimeoutMs: deps.callTimeoutMs });
-      return { ...report, staleGenerationsRemoved: generations.removed };
+      const started = Date.now();
+      let report: ReapReport | undefined;
+      // The run is recorded for the dashboard whether it succeeds or not.
+      const record = async (staleGenerationsRemoved: number, error?: unknown) => recordReaperRun(deps.redis, deps.prefix, {
+        engineId: await engineId(deps.docker, { timeoutMs: deps.callTimeoutMs }).catch(() => 'unknown'),
+        workerId: job.processedBy ?? '',
+        at: new Date().toISOString(),
+        durationMs: Date.now() - started,
+        ...(error !== undefined && { error: String(error) }),
+        inspected: report?.inspected ?? 0,
+        removed: report?.removed.length ?? 0,
+        salvaged: report?.salvaged ?? 0,
+        pooled: report?.pooled ?? 0,
+        awaitingConfirmation: report?.awaitingConfirmation ?? 0,
+        staleGenerationsRemoved,
+      });
+      try {
+        report = await reapOrphans(deps, deps.reapMinAgeMs);
+        const generations = await removeStaleGenerations(deps, { maxIdleMs: deps.runtimeMaxIdleMs, callTimeoutMs: deps.callTimeoutMs });
+        await record(generations.removed.length);
+        return { ...report, staleGenerationsRemoved: generations.removed };
+      } catch (err) {
+        await record(0, err);
+        throw err;
+      }
     }
     if (job.name !== REMOVE_SANDBOX_JOB) throw new UnrecoverableError(`unknown cleanup job ${JSON.stringify(job.name)}`);
     const parsed = CleanupJob.safeParse(job.data);

@@ -88,7 +88,7 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       return prior ?? (await recordFinal(deps, result));
     }
     const { episodeId, batchId } = parsed.data;
-    const episodeSignal = deps.running.start(episodeId, signal);
+    const episodeSignal = deps.running.start(episodeId, signal, { batchId, taskId: parsed.data.task.id });
     // The set-up reserve starts at pick-up: the Redis steps here count against it like the set-up's own.
     const setUp = new Deadline('set-up', parsed.data.task.reserves.setupSec * 1000, episodeSignal);
     try {
@@ -127,7 +127,8 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
           attempt = await deps.evidence.unusedAttempt(episodeId, Math.max(1, job.attemptsStarted));
         }
       }
-      const outcome = await runEpisode({ job: parsed.data, attempt, signal: episodeSignal, setUp }, deps);
+      const onPhase = (phase: 'agent' | 'verify' | 'close') => deps.running.setPhase(episodeId, episodeSignal, phase);
+      const outcome = await runEpisode({ job: parsed.data, attempt, signal: episodeSignal, setUp, onPhase }, deps);
       if (outcome.handBack) {
         // Draining: back to the queue now, for another worker, without waiting for a stall timeout.
         await deps.control.release(episodeId);

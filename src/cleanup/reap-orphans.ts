@@ -40,6 +40,10 @@ export interface ReapReport {
   inspected: number;
   removed: { containerId: string; episodeId: string; reason: 'lease expired' | 'episode ended' }[];
   salvaged: number;
+  /** Warm sandboxes of live workers that no episode claimed: their pool's, left alone. */
+  pooled: number;
+  /** Sandboxes of workers whose lease is missing but not yet confirmed dead: left for a later run. */
+  awaitingConfirmation: number;
 }
 
 /** Remove this fleet's orphaned sandboxes older than `minAgeMs`. */
@@ -48,7 +52,7 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
   const containers = await dockerCall('list sandboxes', { timeoutMs: deps.callTimeoutMs }, (abortSignal) =>
     docker.listContainers({ all: true, filters: { label: [`${LABEL.fleet}=${prefix}`] }, abortSignal } as Docker.ContainerListOptions),
   );
-  const report: ReapReport = { inspected: containers.length, removed: [], salvaged: 0 };
+  const report: ReapReport = { inspected: containers.length, removed: [], salvaged: 0, pooled: 0, awaitingConfirmation: 0 };
   const workers = [...new Set(containers.map((c) => c.Labels[LABEL.worker] ?? ''))];
   const live = await liveWorkers(deps.redis, prefix, workers);
   const now = Date.now();
@@ -56,7 +60,10 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
   for (const c of containers) {
     if (now - c.Created * 1000 < minAgeMs) continue;
     const worker = c.Labels[LABEL.worker] ?? '';
-    if (!live.has(worker) && !dead.has(worker)) continue; // missing lease not yet confirmed
+    if (!live.has(worker) && !dead.has(worker)) {
+      report.awaitingConfirmation += 1; // missing lease not yet confirmed
+      continue;
+    }
     // A pooled sandbox names no episode in its labels: the claim in Redis does, once one claimed it.
     const claim = c.Labels[LABEL.pool] === undefined ? undefined : await readClaim(deps, c.Id);
     const episodeId = claim?.episodeId ?? c.Labels[LABEL.episode] ?? '';
@@ -64,6 +71,7 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
     const leaseExpired = dead.has(worker);
     // A warm sandbox nobody claimed belongs to its (live) worker's pool.
     const ended = !leaseExpired && episodeId !== '' && (await deps.results.has(batchId, episodeId));
+    if (!leaseExpired && c.Labels[LABEL.pool] !== undefined && claim === undefined) report.pooled += 1;
     if (!leaseExpired && !ended) continue;
     if (leaseExpired && episodeId !== '') report.salvaged += (await salvage(deps, c.Id, episodeId)) ? 1 : 0;
     try {

@@ -183,10 +183,6 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const control = new EpisodeControl(connection, prefix);
   const running = new RunningEpisodes();
   const lease = await startLease(connection, prefix, workerId, leaseTtlMs, log);
-  const hostFacts = startHostFacts({
-    redis: connection, prefix, docker, workerId, concurrency: opts.concurrency, dataDir: opts.dataDir,
-    ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: () => generation, log,
-  });
 
   // Cancel requests reach whichever worker runs the episode.
   await subscriber.subscribe(control.channel);
@@ -207,6 +203,13 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     docker, log, callTimeoutMs: opts.callTimeoutMs, redis: connection, prefix, workerId,
     size: opts.sandboxPool ?? 0, runDir: path.join(opts.dataDir, 'run'),
   });
+  // Its facts tell the dashboard what runs here, in which phase, within a moment of a change.
+  const hostFacts = startHostFacts({
+    redis: connection, prefix, docker, workerId, concurrency: opts.concurrency, dataDir: opts.dataDir,
+    ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: () => generation, log,
+    running: () => running.list(), poolReady: () => pool.readyCount,
+  });
+  running.onChange(hostFacts.touch);
   const episodeDeps: EpisodeProcessorDeps = {
     docker,
     redis: connection,

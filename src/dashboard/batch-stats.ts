@@ -1,6 +1,8 @@
-// The numbers of a batch page that the summary does not have: reward histogram bins and phase
-// timing percentiles. Pure functions of the results.
+// The numbers of a batch page that the summary does not have: reward histogram bins, phase timing
+// percentiles, reward and pass@k by task, and the timeline of episodes finishing. Pure functions of
+// the results.
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+import { passAtK } from '../results/batch-summary.ts';
 
 export const PHASES = ['setup', 'agent', 'verify', 'close'] as const;
 export type Phase = (typeof PHASES)[number];
@@ -57,4 +59,72 @@ export function phaseTimings(results: readonly EpisodeResult[]): PhaseTiming[] {
     });
     return { phase, count: values.length, p50Ms: percentile(values, 50), p95Ms: percentile(values, 95) };
   });
+}
+
+export interface TaskStats {
+  taskId: string;
+  /** Episodes of the task with a result, and those graded (a reward), passed (reward 1) and errored. */
+  done: number;
+  graded: number;
+  passed: number;
+  errors: number;
+  /** Mean reward over graded episodes; null when none was graded. */
+  meanReward: number | null;
+  /** Unbiased pass@k per k (1 and the batch's samples per task), when the task has at least k graded. */
+  passAt: Record<number, number>;
+}
+
+/**
+ * Per task: outcome counts, mean reward and pass@k for each k of `ks`, hardest first (lowest mean
+ * reward; ungraded tasks last), ties by task id.
+ */
+export function taskStats(results: readonly EpisodeResult[], ks: readonly number[]): TaskStats[] {
+  const byTask = new Map<string, { done: number; graded: number; passed: number; errors: number; sum: number }>();
+  for (const r of results) {
+    let t = byTask.get(r.taskId);
+    if (t === undefined) byTask.set(r.taskId, (t = { done: 0, graded: 0, passed: 0, errors: 0, sum: 0 }));
+    t.done += 1;
+    if (r.status === 'error') t.errors += 1;
+    if (r.reward !== null) {
+      t.graded += 1;
+      t.sum += r.reward;
+      if (r.reward >= 1) t.passed += 1;
+    }
+  }
+  const stats = [...byTask].map(([taskId, t]): TaskStats => ({
+    taskId,
+    done: t.done,
+    graded: t.graded,
+    passed: t.passed,
+    errors: t.errors,
+    meanReward: t.graded === 0 ? null : t.sum / t.graded,
+    passAt: Object.fromEntries(ks.filter((k) => k >= 1 && t.graded >= k).map((k) => [k, passAtK(t.graded, t.passed, k)])),
+  }));
+  return stats.sort((a, b) => (a.meanReward ?? 2) - (b.meanReward ?? 2) || (a.taskId < b.taskId ? -1 : a.taskId > b.taskId ? 1 : 0));
+}
+
+export const TIMELINE_STATUSES = ['passed', 'failed', 'timeout', 'cancelled', 'error'] as const;
+
+export interface TimelineBin {
+  /** Start and end of the bin (ms since the epoch). */
+  fromMs: number;
+  toMs: number;
+  counts: Record<(typeof TIMELINE_STATUSES)[number], number>;
+}
+
+/** Episodes finishing over [fromMs, toMs] in `binCount` equal bins, by status (endedAt of each result). */
+export function timelineBins(results: readonly EpisodeResult[], fromMs: number, toMs: number, binCount = 48): TimelineBin[] {
+  const span = Math.max(1, toMs - fromMs);
+  const bins: TimelineBin[] = Array.from({ length: binCount }, (_, i) => ({
+    fromMs: fromMs + (i * span) / binCount,
+    toMs: fromMs + ((i + 1) * span) / binCount,
+    counts: { passed: 0, failed: 0, timeout: 0, cancelled: 0, error: 0 },
+  }));
+  for (const r of results) {
+    const at = Date.parse(r.endedAt);
+    if (Number.isNaN(at)) continue;
+    const i = Math.min(binCount - 1, Math.max(0, Math.floor(((at - fromMs) / span) * binCount)));
+    bins[i]!.counts[r.status] += 1;
+  }
+  return bins;
 }

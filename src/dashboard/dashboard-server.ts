@@ -1,5 +1,5 @@
 // The operator's view: one express app serving Bull Board for every fleet queue (/queues), the batch
-// pages (/batches), Prometheus metrics (/metrics) and a health check (/healthz, the only route without
+// pages (/batches), the live fleet page (/fleet), Prometheus metrics (/metrics) and a health check (/healthz, the only route without
 // authentication). Everything it needs is passed in; closing releases what it opened, not the
 // Redis connection it was given.
 import { once } from 'node:events';
@@ -18,7 +18,9 @@ import { ResultsStore } from '../results/results-store.ts';
 import { basicAuth, type Credentials } from './basic-auth.ts';
 import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { batchPages } from './batch-pages.ts';
+import { CompletionRates } from './completion-rates.ts';
 import { hostsPage } from './hosts-page.ts';
+import { fleetPage } from './fleet-page.ts';
 import { transcriptPages } from './transcript-page.ts';
 import { episodeHref } from './batch-view.ts';
 import { bullBoardRouter } from './bull-board.ts';
@@ -124,14 +126,17 @@ export function createDashboardApp(opts: DashboardOptions): DashboardApp {
       },
     },
   }));
-  // The batch pages have no script: forbid any, and any load from elsewhere.
+  // The batch pages have no script: forbid any, and any load from elsewhere (the fleet page sets its
+  // own, allowing its one same-origin script).
   app.use((req, res, next) => {
     if (!req.path.startsWith(BULL_BOARD_PATH)) res.set('Content-Security-Policy', "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'");
     next();
   });
-  app.use(batchPages({ results, dataDir: opts.dataDir, ...(opts.artifacts && { artifacts: opts.artifacts }), links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
+  const rates = new CompletionRates(redis, prefix);
+  app.use(batchPages({ results, rates, dataDir: opts.dataDir, ...(opts.artifacts && { artifacts: opts.artifacts }), links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
   app.use(transcriptPages({ results, dataDir: opts.dataDir, ...(opts.artifacts && { artifacts: opts.artifacts }), links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
   app.use(hostsPage({ redis, prefix, links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
+  app.use(fleetPage({ redis, prefix, queues, results, rates, links: { bullBoardPath: BULL_BOARD_PATH, episodesQueue: EPISODES_QUEUE } }));
 
   app.use((_req, res) => {
     res.status(404).type('text/plain').send('not found\n');

@@ -1,6 +1,6 @@
 // Charts of the batch page as inline SVG rendered on the server: no client script, no framework, and
 // every label escaped like the rest of the page.
-import type { HistogramBin, PhaseTiming } from './batch-stats.ts';
+import { TIMELINE_STATUSES, type HistogramBin, type PhaseTiming, type TimelineBin } from './batch-stats.ts';
 import { SafeHtml, html } from './html.ts';
 
 const FONT = new SafeHtml('font-family="sans-serif" font-size="11"');
@@ -63,5 +63,57 @@ export function phaseTimingSvg(timings: readonly PhaseTiming[], title: string): 
 <title>${title}</title>
 ${rows}
 <text x="${left}" y="${height - 6}" ${FONT}>dark: p50, light: p95 (over ${Math.max(0, ...timings.map((t) => t.count))} episodes)</text>
+</svg>`;
+}
+
+export const STATUS_COLORS: Record<(typeof TIMELINE_STATUSES)[number], string> = {
+  passed: '#1a7f37', failed: '#d9822b', timeout: '#8250df', cancelled: '#999999', error: '#c62828',
+};
+
+/** "42 s", "12 min", "3.5 h": a coarse duration for axes and ETAs. */
+export function formatDuration(ms: number): string {
+  if (ms < 60_000) return `${Math.max(0, Math.round(ms / 1000))} s`;
+  if (ms < 3_600_000) return `${Math.round(ms / 60_000)} min`;
+  return `${(ms / 3_600_000).toFixed(1)} h`;
+}
+
+/** Episodes finishing over time: one stacked bar per bin, a segment per status, time since `originMs` below. */
+export function timelineSvg(bins: readonly TimelineBin[], originMs: number, title: string): SafeHtml {
+  const width = 1060;
+  const height = 200;
+  const top = 16;
+  const bottom = 34;
+  const left = 40;
+  const plotH = height - top - bottom;
+  const slot = (width - left - 8) / Math.max(1, bins.length);
+  const total = (b: TimelineBin) => TIMELINE_STATUSES.reduce((s, k) => s + b.counts[k], 0);
+  const max = Math.max(1, ...bins.map(total));
+  const bars = bins.map((b, i) => {
+    const x = Math.round(left + i * slot + 1);
+    const w = Math.max(1, Math.round(slot - 2));
+    let y = top + plotH;
+    const segments = TIMELINE_STATUSES.flatMap((status) => {
+      const n = b.counts[status];
+      if (n === 0) return [];
+      const h = Math.max(1, Math.round((n / max) * plotH));
+      y -= h;
+      return [html`<rect class="seg ${status}" x="${x}" y="${y}" width="${w}" height="${h}" fill="${STATUS_COLORS[status]}"/>`];
+    });
+    const label = `${formatDuration(b.fromMs - originMs)}-${formatDuration(b.toMs - originMs)}: ${TIMELINE_STATUSES.filter((k) => b.counts[k] > 0).map((k) => `${k} ${b.counts[k]}`).join(', ') || 'none'}`;
+    return html`<g class="bin" data-count="${total(b)}"><title>${label}</title>${segments}</g>`;
+  });
+  const ticks = [0, 0.25, 0.5, 0.75, 1].map((f) => {
+    const x = Math.round(left + f * (width - left - 8));
+    const at = bins.length === 0 ? originMs : bins[0]!.fromMs + f * (bins.at(-1)!.toMs - bins[0]!.fromMs);
+    return html`<text x="${x}" y="${height - bottom + 14}" text-anchor="${f === 0 ? 'start' : f === 1 ? 'end' : 'middle'}" ${FONT}>+${formatDuration(at - originMs)}</text>`;
+  });
+  const legend = TIMELINE_STATUSES.map((status, i) => html`<rect x="${left + i * 90}" y="${height - 12}" width="10" height="10" fill="${STATUS_COLORS[status]}"/><text x="${left + i * 90 + 14}" y="${height - 3}" ${FONT}>${status}</text>`);
+  return html`<svg class="chart timeline" xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img" aria-label="${title}">
+<title>${title}</title>
+<line x1="${left}" y1="${top + plotH}" x2="${width - 8}" y2="${top + plotH}" stroke="#888"/>
+<text x="${left - 4}" y="${top + 8}" text-anchor="end" ${FONT}>${max}</text>
+${bars}
+${ticks}
+${legend}
 </svg>`;
 }

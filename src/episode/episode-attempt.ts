@@ -74,6 +74,8 @@ export interface EpisodeAttempt {
   signal: AbortSignal;
   /** The set-up phase's deadline, started by the caller at pick-up; the caller disposes it. */
   setUp: Deadline;
+  /** Told when the attempt enters the agent, verify and close phases (set-up is from pick-up). */
+  onPhase?: (phase: 'agent' | 'verify' | 'close') => void;
 }
 
 export interface EpisodeOutcome {

@@ -36,6 +36,7 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
   }
 
   const tClose = performance.now();
+  attempt.onPhase?.('close');
   const deadline = closeDeadline(attempt);
   try {
     const closed = await closeEpisode(attempt, phaseDeps, state, deadline, graded.stop !== undefined);
@@ -69,6 +70,7 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
   }
   deps.log.info({ containerId: state.containerId, setupMs: timings.setupMs, runtime: state.runtime?.generationId.slice(0, 12), warm: state.runtime?.warm }, 'sandbox ready');
 
+  attempt.onPhase?.('agent');
   const agentRun = await runAgent(attempt, deps, session, state, resume);
   state.agentRun = agentRun;
   timings.agentMs = agentRun.durationMs;
@@ -76,6 +78,7 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
   signal.throwIfAborted();
 
   const tVerify = performance.now();
+  attempt.onPhase?.('verify');
   try {
     return await verify(attempt, deps, session, state, agentRun);
   } finally {

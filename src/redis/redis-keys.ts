@@ -28,6 +28,9 @@ export const leaseMissingKey = (prefix: string, workerId: string) => `${prefix}:
 /** Counter: every sandbox the reaper removed (for /metrics). */
 export const reapedCountKey = (prefix: string) => `${prefix}:reaped-sandboxes`;
 
+/** Hash: engine id -> the reaper's last run on that engine (JSON: when, what it found and removed), for the dashboard. */
+export const reaperLastRunKey = (prefix: string) => `${prefix}:reaper:last-run`;
+
 // --- episodes ---
 
 /** String: the phase of the running attempt (`running`, `closing`). */

@@ -1,7 +1,8 @@
 // Per-host facts in one place: each worker reports, every few seconds and with a TTL (a dead worker's
 // facts vanish with it), its host name, Docker engine id, runtime generation, the images its engine
-// has and the free disk of its data folder. The dashboard shows the fleet by host from these; enqueue
-// checks that some live host has each task's image.
+// has and the free disk of its data folder; and the episodes it runs (phase, start) and its warm
+// sandboxes, also reported within a moment of changing (touch). The dashboard shows the fleet by host
+// from these; enqueue checks that some live host has each task's image.
 import { statfs } from 'node:fs/promises';
 import os from 'node:os';
 import type { Redis } from 'ioredis';
@@ -9,6 +10,17 @@ import type { Logger } from 'pino';
 import { z } from 'zod';
 import { workerFactsKey } from '../redis/redis-keys.ts';
 import { dockerCall, engineId, type Docker } from '../sandbox/docker-client.ts';
+import { EPISODE_PHASES, type RunningEpisode } from '../episode/running-episodes.ts';
+
+export const RunningEpisodeFacts = z.object({
+  episodeId: z.string(),
+  batchId: z.string(),
+  taskId: z.string(),
+  phase: z.enum(EPISODE_PHASES),
+  startedAt: z.iso.datetime(),
+  phaseStartedAt: z.iso.datetime(),
+});
+export type RunningEpisodeFacts = z.infer<typeof RunningEpisodeFacts>;
 
 export const WorkerFacts = z.object({
   workerId: z.string(),
@@ -23,6 +35,10 @@ export const WorkerFacts = z.object({
   /** Free bytes of the file system of the worker's data folder. */
   freeDiskBytes: z.number(),
   reportedAt: z.iso.datetime(),
+  /** The episodes running now (absent from workers of earlier versions). */
+  running: z.array(RunningEpisodeFacts).optional(),
+  /** Warm sandboxes ready in the worker's pool. */
+  poolReady: z.number().int().optional(),
 });
 export type WorkerFacts = z.infer<typeof WorkerFacts>;
 
@@ -37,13 +53,39 @@ export interface HostFactsOptions {
   ttlMs: number;
   callTimeoutMs: number;
   runtimeGeneration: () => string | undefined;
+  /** The episodes running now. @default none reported */
+  running?: () => RunningEpisode[];
+  /** Warm sandboxes ready now. @default none reported */
+  poolReady?: () => number;
   log: Logger;
+  /** touch() writes at most this often. @default 500 */
+  touchEveryMs?: number;
 }
 
 export interface HostFactsReporter {
   /** Report now (also done every ttl/3). */
   report(): Promise<void>;
+  /**
+   * The running episodes or the pool changed: write the facts again soon (within touchEveryMs), with
+   * the engine facts of the last report, so a change shows without asking the engine again.
+   */
+  touch(): void;
   stop(): Promise<void>;
+}
+
+const iso = (ms: number) => new Date(ms).toISOString();
+
+/** What changes from one moment to the next: the running episodes and the warm sandboxes. */
+function liveFacts(opts: HostFactsOptions): Pick<WorkerFacts, 'running' | 'poolReady' | 'reportedAt'> {
+  return {
+    ...(opts.running && {
+      running: opts.running().map((e) => ({
+        episodeId: e.episodeId, batchId: e.batchId, taskId: e.taskId, phase: e.phase, startedAt: iso(e.startedAt), phaseStartedAt: iso(e.phaseStartedAt),
+      })),
+    }),
+    ...(opts.poolReady && { poolReady: opts.poolReady() }),
+    reportedAt: new Date().toISOString(),
+  };
 }
 
 async function gather(opts: HostFactsOptions): Promise<WorkerFacts> {
@@ -63,28 +105,53 @@ async function gather(opts: HostFactsOptions): Promise<WorkerFacts> {
     ...(generation !== undefined && { runtimeGeneration: generation }),
     images: [...new Set(images.flatMap((i) => [...(i.RepoTags ?? []).filter((t) => t !== '<none>:<none>'), i.Id]))].sort(),
     freeDiskBytes: disk ? disk.bavail * disk.bsize : -1,
-    reportedAt: new Date().toISOString(),
+    ...liveFacts(opts),
   };
 }
 
 export function startHostFacts(opts: HostFactsOptions): HostFactsReporter {
   const key = workerFactsKey(opts.prefix, opts.workerId);
+  const touchEveryMs = opts.touchEveryMs ?? 500;
+  let stopped = false;
+  let last: WorkerFacts | undefined;
   let reporting: Promise<void> | undefined;
+  let writing: Promise<void> | undefined;
   const report = () => {
     reporting ??= gather(opts)
-      .then((facts) => opts.redis.set(key, JSON.stringify(facts), 'PX', opts.ttlMs))
+      .then((facts) => {
+        last = facts;
+        // Built at the time of writing: a touch during the gathering is not overwritten by older facts.
+        return stopped ? undefined : opts.redis.set(key, JSON.stringify({ ...facts, ...liveFacts(opts) }), 'PX', opts.ttlMs);
+      })
       .then(() => undefined, (err: unknown) => opts.log.warn({ err: String(err) }, 'host facts not reported'))
       .finally(() => (reporting = undefined));
     return reporting;
+  };
+  let touchTimer: NodeJS.Timeout | undefined;
+  let lastTouch = 0;
+  const touch = () => {
+    if (stopped || touchTimer !== undefined) return;
+    touchTimer = setTimeout(() => {
+      touchTimer = undefined;
+      lastTouch = Date.now();
+      // Before the first report there is nothing to refresh: the first report carries the live facts.
+      if (last === undefined || stopped) return;
+      writing = opts.redis.set(key, JSON.stringify({ ...last, ...liveFacts(opts) }), 'PX', opts.ttlMs)
+        .then(() => undefined, (err: unknown) => opts.log.debug({ err: String(err) }, 'running episodes not reported'));
+    }, Math.max(0, lastTouch + touchEveryMs - Date.now()));
+    touchTimer.unref();
   };
   const timer = setInterval(() => void report(), Math.max(1_000, Math.floor(opts.ttlMs / 3)));
   timer.unref();
   void report();
   return {
     report,
+    touch,
     async stop() {
+      stopped = true;
       clearInterval(timer);
-      await reporting;
+      clearTimeout(touchTimer);
+      await Promise.all([reporting, writing]);
       await opts.redis.del(key).catch(() => undefined);
     },
   };

@@ -95,6 +95,10 @@ export async function fleetEnvOn(redis: PrivateRedis, opts: { prefix?: string; d
       await cleanup.close();
       await flows.close();
       await client.quit();
+      // Sandboxes whose cleanup jobs no worker of this test is left to run (an episode cancelled during
+      // set-up, just before the test ended): in a fleet the reaper takes them; here nobody would.
+      const left = await docker.listContainers({ all: true, filters: { label: [`${LABEL.fleet}=${prefix}`] } });
+      await Promise.all(left.map((c) => docker.getContainer(c.Id).remove({ force: true }).catch(() => undefined)));
       // Runtime generations are installed per fleet prefix; this test's are not wanted by anyone.
       const { Volumes } = await docker.listVolumes({ filters: { label: [`${LABEL.prefix}=${prefix}`] } });
       await Promise.all((Volumes ?? []).map((v) => docker.getVolume(v.Name).remove().catch(() => undefined)));

@@ -38,6 +38,7 @@ describe('redis keys', () => {
       keys.bullmqEventsKey(p, 'episodes'),
       keys.batchCompletionsKey(p, 'b'),
       keys.sandboxClaimKey(p, 'c0ffee'),
+      keys.reaperLastRunKey(p),
     ]).toEqual([
       'rf:runtime:last-used',
       'rf:runtime:lock:ENGINE:ID:gen1',
@@ -69,6 +70,7 @@ describe('redis keys', () => {
       'rf:episodes:events',
       'rf:batch:b:completions',
       'rf:sandbox-claim:c0ffee',
+      'rf:reaper:last-run',
     ]);
   });
 });
