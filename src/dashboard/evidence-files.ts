@@ -28,7 +28,8 @@ export function evidenceFolder(dataDir: string, episodeId: string): string | und
   return rel === '' || rel.startsWith('..') || path.isAbsolute(rel) || rel.includes(path.sep) ? undefined : folder;
 }
 
-async function readCapped(file: string, capBytes: number): Promise<{ sizeBytes: number; text: string } | undefined> {
+/** A regular file's first capBytes (never through a symlink), its size, or undefined. */
+export async function readCapped(file: string, capBytes: number): Promise<{ sizeBytes: number; text: string } | undefined> {
   // O_NOFOLLOW: a symlink swapped in after the listing is refused, not followed.
   const fh = await open(file, constants.O_RDONLY | constants.O_NOFOLLOW).catch(() => undefined);
   if (fh === undefined) return undefined;
@@ -43,16 +44,21 @@ async function readCapped(file: string, capBytes: number): Promise<{ sizeBytes: 
   }
 }
 
-/** Every evidence file of every attempt, attempts in order, each read up to capBytes. */
-export async function readEvidence(dataDir: string, episodeId: string, capBytes: number): Promise<EvidenceFile[]> {
+/** The episode's attempt-<n> folders in the data folder, in order (none for an id that could point elsewhere). */
+export async function attemptFolders(dataDir: string, episodeId: string): Promise<{ dir: string; attempt: number }[]> {
   const folder = evidenceFolder(dataDir, episodeId);
   if (folder === undefined) return [];
-  const attempts = (await readdir(folder, { withFileTypes: true }).catch(() => []))
+  return (await readdir(folder, { withFileTypes: true }).catch(() => []))
     .flatMap((d) => {
       const m = ATTEMPT_DIR.exec(d.name);
       return d.isDirectory() && m ? [{ dir: path.join(folder, d.name), attempt: Number(m[1]) }] : [];
     })
     .sort((a, b) => a.attempt - b.attempt);
+}
+
+/** Every evidence file of every attempt, attempts in order, each read up to capBytes. */
+export async function readEvidence(dataDir: string, episodeId: string, capBytes: number): Promise<EvidenceFile[]> {
+  const attempts = await attemptFolders(dataDir, episodeId);
   const files: EvidenceFile[] = [];
   for (const { dir, attempt } of attempts) {
     const entries = (await readdir(dir, { withFileTypes: true }).catch(() => []))

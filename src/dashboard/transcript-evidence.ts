@@ -2,12 +2,11 @@
 // names, each up to its own cap (a trajectory is worth megabytes, a verifier's output much less), from
 // the data folder or from the artifact store (FLEET_ARTIFACTS). As in evidence-files.ts: the episode
 // id must be a plain id, only names found by listing are opened, symlinks are refused.
-import { constants } from 'node:fs';
-import { open, readdir } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { EPISODE_ID_PATTERN } from '../ids/episode-id.ts';
-import { evidenceFolder } from './evidence-files.ts';
+import { attemptFolders, readCapped } from './evidence-files.ts';
 
 const ATTEMPT_DIR = /^attempt-(\d{1,6})$/;
 
@@ -46,36 +45,16 @@ function wanted(names: readonly string[]): TranscriptFileName[] {
   return known.includes('trajectory.json') ? known.filter((n) => n !== 'model-calls.jsonl') : known;
 }
 
-async function readCapped(file: string, capBytes: number): Promise<ReadFile | undefined> {
-  const fh = await open(file, constants.O_RDONLY | constants.O_NOFOLLOW).catch(() => undefined);
-  if (fh === undefined) return undefined;
-  try {
-    const stat = await fh.stat();
-    if (!stat.isFile()) return undefined;
-    const buf = Buffer.alloc(Math.min(capBytes, stat.size));
-    const { bytesRead } = await fh.read(buf, 0, buf.length, 0);
-    return { text: buf.subarray(0, bytesRead).toString('utf8'), sizeBytes: stat.size, truncated: stat.size > capBytes };
-  } finally {
-    await fh.close();
-  }
-}
-
 /** Every attempt of the episode in the data folder, in order, with the transcript's files. */
 export async function readTranscriptFiles(dataDir: string, episodeId: string): Promise<AttemptFiles[]> {
-  const folder = evidenceFolder(dataDir, episodeId);
-  if (folder === undefined) return [];
-  const attempts = (await readdir(folder, { withFileTypes: true }).catch(() => []))
-    .flatMap((d) => {
-      const m = ATTEMPT_DIR.exec(d.name);
-      return d.isDirectory() && m ? [{ dir: path.join(folder, d.name), attempt: Number(m[1]) }] : [];
-    })
-    .sort((a, b) => a.attempt - b.attempt);
+  const attempts = await attemptFolders(dataDir, episodeId);
   return Promise.all(attempts.map(async ({ dir, attempt }) => {
     const names = (await readdir(dir, { withFileTypes: true }).catch(() => [])).filter((d) => d.isFile()).map((d) => d.name);
     const files: AttemptFiles['files'] = {};
     await Promise.all(wanted(names).map(async (name) => {
-      const read = await readCapped(path.join(dir, name), TRANSCRIPT_FILES[name]);
-      if (read !== undefined) files[name] = read;
+      const capBytes = TRANSCRIPT_FILES[name];
+      const read = await readCapped(path.join(dir, name), capBytes);
+      if (read !== undefined) files[name] = { ...read, truncated: read.sizeBytes > capBytes };
     }));
     return { attempt, files };
   }));
