@@ -23,6 +23,7 @@ import { FleetClient } from '../../src/client/fleet-client.ts';
 import type { WorkerHandle } from '../../src/cli/worker-process.ts';
 import { startPrivateRedis } from '../../src/cli/private-redis.ts';
 import { ROOT, silentLog, startEnvWorker, startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
+import { episodeCancelKey } from '../../src/redis/redis-keys.ts';
 
 const TOKEN = 'hostile-api-token-5d81e0c7';
 const AUTH = { authorization: `Bearer ${TOKEN}` };
@@ -615,13 +616,11 @@ describe('HTTP API under attack', () => {
       try {
         const ok = await upload(tarOf(...taskParts('while-stalled')), {}, 10_000);
         expect.soft(shown(ok)).toMatchObject({ status: 201 });
-        await new Promise((r) => setTimeout(r, 300));
         const h = await request(base, '/healthz', { timeoutMs: 5_000 });
         expect.soft(h.ms).toBeLessThan(HEALTHZ_MS);
       } finally {
         stalled.destroy();
       }
-      await new Promise((r) => setTimeout(r, 500));
       const after = await counts();
       // Only the one good upload was stored.
       expect.soft(after.archives - before.counts.archives, 'archives stored').toBe(1);
@@ -951,13 +950,15 @@ describe('HTTP API under attack', () => {
         const s = net.connect(port, '127.0.0.1', () => {
           s.write(`GET ${route} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${TOKEN}\r\nAccept: ${i % 2 ? 'application/x-ndjson' : 'text/event-stream'}\r\n\r\n`);
           s.pause();
+          // Buffered up to the high-water mark and never read: the server's writes then back up.
+          s.on('readable', () => undefined);
           resolve(s);
         });
         s.on('error', () => undefined);
       })));
       try {
-        // The slow ones have filled their buffers.
-        await new Promise((r) => setTimeout(r, 2_000));
+        // The slow ones have begun receiving (and, never reading, fill their buffers).
+        await waitFor('the stalled readers to receive data', async () => stalled.every((s) => s.readableLength > 0), 10_000, 50);
         const { value: reads, maxMs } = await healthzDuring(base, () => Promise.all([
           ...Array.from({ length: 3 }, () => sse(base, route, AUTH, { timeoutMs: 30_000 })),
           sse(base, `/v1/batches/${a.batchId}/results`, AUTH, { timeoutMs: 30_000 }),
@@ -978,9 +979,14 @@ describe('HTTP API under attack', () => {
       await waitFor('the sleepy batch to run', async () => ((await client.status(sleepy.batchId))?.total ? true : undefined), 30_000);
       const redisClients = async () => (String(await env.client.client('LIST'))).trim().split('\n').length;
       const openSockets = () => new Promise<number>((resolve) => server.getConnections((_, n) => resolve(n)));
-      // Settle, then count.
-      await new Promise((r) => setTimeout(r, 1_000));
-      const baseline = await redisClients();
+      // Settled (the same count twice in a row), then counted.
+      let last = -1;
+      const baseline = await waitFor('Redis connections to settle', async () => {
+        const n = await redisClients();
+        const settled = n === last;
+        last = n;
+        return settled ? n : undefined;
+      }, 10_000, 250);
       for (let i = 0; i < 100; i++) {
         // A stream that waits for results that will not come, closed after its headers...
         await new Promise<void>((resolve) => {
@@ -1012,7 +1018,8 @@ describe('HTTP API under attack', () => {
       expect.soft(namesField(cross, 'episodeIds'), JSON.stringify(shown(cross))).toBe(true);
       const retryCross = await postJson(`/v1/batches/${a.batchId}/retry`, { kind: 'agent', episodeIds: [sleepy.episodeIds[0]] });
       expect.soft(retryCross.status).toBe(400);
-      await new Promise((r) => setTimeout(r, 3_000));
+      // Refused before any step: no cancel was asked of the episode, and it is not cancelled.
+      expect.soft(await env.client.exists(episodeCancelKey(env.prefix, sleepy.episodeIds[0]!)), "the other batch's episode was asked to cancel").toBe(0);
       expect.soft((await client.status(sleepy.batchId))?.byStatus?.cancelled ?? 0, "the other batch's episode was cancelled").toBe(0);
       await postJson(`/v1/batches/${sleepy.batchId}/cancel`, {});
       await finished(sleepy.batchId, 60_000);
