@@ -117,13 +117,19 @@ export interface CliRun {
 }
 
 /** Run the real CLI to completion. */
-export async function runCli(args: string[], env: NodeJS.ProcessEnv): Promise<CliRun> {
+export async function runCli(args: string[], env: NodeJS.ProcessEnv, timeoutMs = 120_000): Promise<CliRun> {
   const child = spawn(process.execPath, [BIN, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
   let stdout = '';
   let stderr = '';
   child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const [code] = (await once(child, 'close')) as [number | null];
+  // A command that never exits fails the test, naming itself and what it printed, instead of hanging it.
+  const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+  const [code, signal] = (await once(child, 'close')) as [number | null, NodeJS.Signals | null];
+  clearTimeout(timer);
+  if (code === null && signal === 'SIGKILL') {
+    throw new Error(`rollout-fleet ${args[0]} did not exit within ${timeoutMs} ms\nstdout: ${stdout.slice(-2000)}\nstderr: ${stderr.slice(-4000)}`);
+  }
   return { code, stdout, stderr };
 }
 

@@ -42,6 +42,14 @@ describe('docker-compose stack, started for real', () => {
   const projectContainers = async (service?: string) =>
     docker.listContainers({ all: true, filters: { label: [`com.docker.compose.project=${project}`, ...(service ? [`com.docker.compose.service=${service}`] : [])] } });
   const sandboxes = () => docker.listContainers({ all: true, filters: { label: [`${LABEL.fleet}=${project}`] } });
+  /** A request with its own limit: a service that accepts and never answers fails the step it is in, by name. */
+  const get = async (url: string, headers: Record<string, string> = {}, timeoutMs = 30_000) => {
+    try {
+      return await fetch(url, { headers, signal: AbortSignal.timeout(timeoutMs) });
+    } catch (err) {
+      throw new Error(`GET ${url}: ${(err as Error).message}`, { cause: err });
+    }
+  };
 
   beforeAll(async () => {
     await run('bash', [path.join(ROOT, '.ci/build-fleet-images.sh')]);
@@ -89,16 +97,18 @@ describe('docker-compose stack, started for real', () => {
     step('three workers connected');
     // The dashboard: 401 without credentials, 200 with.
     const auth = `Basic ${Buffer.from(`${USER}:${PASSWORD}`).toString('base64')}`;
-    await waitFor('the dashboard', async () => (await fetch(`${dashboardUrl}/healthz`).then((r) => r.ok, () => false)), 60_000, 250);
-    expect((await fetch(`${dashboardUrl}/batches`)).status).toBe(401);
-    expect((await fetch(`${dashboardUrl}/batches`, { headers: { authorization: auth } })).status).toBe(200);
+    await waitFor('the dashboard', async () => (await get(`${dashboardUrl}/healthz`, {}, 5_000).then((r) => r.ok, () => false)), 60_000, 250);
+    expect((await get(`${dashboardUrl}/batches`)).status).toBe(401);
+    expect((await get(`${dashboardUrl}/batches`, { authorization: auth })).status).toBe(200);
+    step('the dashboard answers');
     // The API: 401 without the token.
-    await waitFor('the API', async () => (await fetch(`${apiUrl}/healthz`).then((r) => r.ok, () => false)), 60_000, 250);
-    expect((await fetch(`${apiUrl}/v1/batches/none`)).status).toBe(401);
+    await waitFor('the API', async () => (await get(`${apiUrl}/healthz`, {}, 5_000).then((r) => r.ok, () => false)), 60_000, 250);
+    expect((await get(`${apiUrl}/v1/batches/none`)).status).toBe(401);
+    step('the API answers');
 
     // The demo batch, from the host's CLI.
     const cliEnv = { ...env, REDIS_URL: `redis://127.0.0.1:${env.FLEET_REDIS_PORT}` };
-    const enqueued = await runCli(['enqueue', path.join(ROOT, 'examples/demo-batch.yaml'), '--json'], cliEnv);
+    const enqueued = await runCli(['enqueue', path.join(ROOT, 'examples/demo-batch.yaml'), '--json'], cliEnv, 60_000);
     expect(enqueued.code, enqueued.stderr).toBe(0);
     const batchId = (JSON.parse(enqueued.stdout) as { batchId?: string }).batchId;
     expect(batchId, enqueued.stdout).toBeDefined();
@@ -139,10 +149,11 @@ describe('docker-compose stack, started for real', () => {
     step('every sandbox removed');
     // The API container reads the same batch: its summary and, as NDJSON, every result once.
     const bearer = { authorization: `Bearer ${API_TOKEN}` };
-    expect(await (await fetch(`${apiUrl}/v1/batches/${batchId}`, { headers: bearer })).json()).toMatchObject({ total: manifest.episodeIds.length, finished: true });
-    const streamed = (await (await fetch(`${apiUrl}/v1/batches/${batchId}/results`, { headers: bearer })).text()).trim().split('\n').map((l) => JSON.parse(l) as { kind: string; result?: { episodeId: string } });
+    expect(await (await get(`${apiUrl}/v1/batches/${batchId}`, bearer)).json()).toMatchObject({ total: manifest.episodeIds.length, finished: true });
+    const streamed = (await (await get(`${apiUrl}/v1/batches/${batchId}/results`, bearer)).text()).trim().split('\n').map((l) => JSON.parse(l) as { kind: string; result?: { episodeId: string } });
     expect(streamed.filter((e) => e.kind === 'result').map((e) => e.result!.episodeId).sort()).toEqual([...manifest.episodeIds].sort());
 
+    step('the API read the batch');
     // `docker-compose stop` drains every worker: exit 0.
     await compose('stop');
     for (const c of await projectContainers('worker')) {

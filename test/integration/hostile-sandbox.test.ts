@@ -62,11 +62,12 @@ describe('hostile sandboxes', () => {
       // ignored). It used to block reading a FIFO in a loop: under load, the bomb's signals interrupted
       // the FIFO's open, a redirection error that made the shell exit 2 before the ceiling.
       'fork-bomb': task('fork-bomb', 'echo fixed > state.txt\nf() { f | f & }\nf\nexec sleep 100000\n', { ceilingSec: 3 }),
-      // A child the kernel OOM-kills (not the container's init): the result must say so.
+      // A process the kernel OOM-kills (not the container's init): the result must say so, and grade.
       // tail keeps everything it reads (no newline ever comes): 64 MB cannot fit in 32. It volunteers as the
-      // OOM killer's victim (oom_score_adj 1000), so the kernel never picks the agent's shell. The ceiling leaves
-      // the pipe time on a loaded machine (at 0.5 CPU, beside a fork bomb).
-      oom: task('oom', 'head -c 64m /dev/zero | sh -c "echo 1000 > /proc/self/oom_score_adj; exec tail" > /dev/null\necho "tail=$?"\necho fixed > state.txt\n', { limits: '{ memoryMb: 32, cpus: 0.5, pids: 32 }', ceilingSec: 40 }),
+      // OOM killer's victim (oom_score_adj 1000), yet under load the kernel has also taken the agent's shell
+      // (a second kill while the first victim's memory was still charged): the state is written first, so
+      // either way the verifier decides. The ceiling leaves the pipe time on a loaded machine (0.5 CPU).
+      oom: task('oom', 'echo fixed > state.txt\nhead -c 64m /dev/zero | sh -c "echo 1000 > /proc/self/oom_score_adj; exec tail" > /dev/null\necho "tail=$?"\n', { limits: '{ memoryMb: 32, cpus: 0.5, pids: 32 }', ceilingSec: 40 }),
       // 3x the disk limit (bounded, so a broken fix cannot fill the engine's disk), then it would idle.
       disk: task('disk', 'head -c 48m /dev/zero > big.bin\necho fixed > state.txt\nsleep 60\n', { ceilingSec: 30, limits: '{ memoryMb: 64, cpus: 0.5, pids: 32, diskMb: 16 }' }),
       probes: task('probes', [
@@ -112,9 +113,12 @@ describe('hostile sandboxes', () => {
 
   it('reports an OOM kill of a child process in the sandbox, and still grades the episode', async () => {
     const r = byTask.get('oom');
-    // The child was killed (137), the container's init was not.
-    expect(await stdoutOf('oom'), JSON.stringify(r)).toContain('tail=137');
-    expect(r, JSON.stringify(r?.error)).toMatchObject({ status: 'passed', reward: 1, oomKilled: true });
+    // The hog was killed (137), or the kernel took the agent's shell with it (its exit is 137); the
+    // container's init was not, so the verifier ran and graded the state the agent wrote.
+    const out = await stdoutOf('oom');
+    if (r?.agent?.exitCode === 137) expect(out, JSON.stringify(r)).not.toContain('tail=');
+    else expect(out, JSON.stringify(r)).toContain('tail=137');
+    expect(r, JSON.stringify(r)).toMatchObject({ status: 'passed', reward: 1, oomKilled: true });
   });
 
   it('stops an agent writing past limits.diskMb within seconds: an agent failure, not a reward', () => {
