@@ -1,6 +1,6 @@
 // Per-host facts in one place: each worker reports, every few seconds and with a TTL (a dead worker's
 // facts vanish with it), its host name, Docker engine id, runtime generation, the images its engine
-// has and the free disk of its data folder. The dashboard shows the fleet by host from these; enqueue
+// has, the free disk of its data folder and its admission control (allowance, engine latency). The dashboard shows the fleet by host from these; enqueue
 // checks that some live host has each task's image.
 import { statfs } from 'node:fs/promises';
 import os from 'node:os';
@@ -9,13 +9,38 @@ import type { Logger } from 'pino';
 import { z } from 'zod';
 import { workerFactsKey } from '../redis/redis-keys.ts';
 import { dockerCall, engineId, type Docker } from '../sandbox/docker-client.ts';
+import type { AdmissionSnapshot } from './admission.ts';
+
+/** A worker's admission control as reported (src/worker/admission.ts): numbers of its last window. */
+export const AdmissionFacts = z.object({
+  autotune: z.boolean(),
+  /** Episodes it may run at once now. */
+  allowance: z.number().int(),
+  floor: z.number().int(),
+  /** Episodes running at the last sample. */
+  inUse: z.number().int(),
+  increases: z.number().int(),
+  decreases: z.number().int(),
+  /** p50 and p90 latency of the watched engine calls in the last window, in ms. */
+  engineP50Ms: z.number().optional(),
+  engineP90Ms: z.number().optional(),
+  /** p90 of latency over each call's baseline in the last window. */
+  engineSlowdownP90: z.number().optional(),
+  /** Docker calls that timed out in the last window. */
+  engineTimeouts: z.number().int(),
+  loadPerCore: z.number().optional(),
+});
+export type AdmissionFacts = z.infer<typeof AdmissionFacts>;
 
 export const WorkerFacts = z.object({
   workerId: z.string(),
   host: z.string(),
   engineId: z.string(),
   pid: z.number().int(),
+  /** Configured concurrency (with autotune, the ceiling of the allowance). */
   concurrency: z.number().int(),
+  /** Absent from workers of versions without it. */
+  admission: AdmissionFacts.optional(),
   /** The runtime generation prepared on this engine, once it is. */
   runtimeGeneration: z.string().optional(),
   /** Image references (repo:tag) and ids the engine has. */
@@ -37,7 +62,21 @@ export interface HostFactsOptions {
   ttlMs: number;
   callTimeoutMs: number;
   runtimeGeneration: () => string | undefined;
+  /** The worker's admission control now. */
+  admission?: () => AdmissionSnapshot & { autotune: boolean };
   log: Logger;
+}
+
+function admissionFacts(s: AdmissionSnapshot & { autotune: boolean }): AdmissionFacts {
+  const w = s.window;
+  return {
+    autotune: s.autotune, allowance: s.allowance, floor: s.floor, inUse: s.inUse, increases: s.increases, decreases: s.decreases,
+    ...(w?.p50Ms !== undefined && { engineP50Ms: Math.round(w.p50Ms * 10) / 10 }),
+    ...(w?.p90Ms !== undefined && { engineP90Ms: Math.round(w.p90Ms * 10) / 10 }),
+    ...(w?.slowdownP90 !== undefined && { engineSlowdownP90: Math.round(w.slowdownP90 * 100) / 100 }),
+    engineTimeouts: w?.timeouts ?? 0,
+    ...(w?.loadPerCore !== undefined && { loadPerCore: Math.round(w.loadPerCore * 100) / 100 }),
+  };
 }
 
 export interface HostFactsReporter {
@@ -60,6 +99,7 @@ async function gather(opts: HostFactsOptions): Promise<WorkerFacts> {
     engineId: engine,
     pid: process.pid,
     concurrency: opts.concurrency,
+    ...(opts.admission && { admission: admissionFacts(opts.admission()) }),
     ...(generation !== undefined && { runtimeGeneration: generation }),
     images: [...new Set(images.flatMap((i) => [...(i.RepoTags ?? []).filter((t) => t !== '<none>:<none>'), i.Id]))].sort(),
     freeDiskBytes: disk ? disk.bavail * disk.bsize : -1,
