@@ -18,7 +18,8 @@
 // climbs). A call's slowdown is its latency over its op's baseline (a baseline under 20 ms counts as
 // 20 ms: a 2 ms call taking 8 ms is jitter, not congestion).
 //
-// The rule, once per window (at least `windowMs`, 2 s, and `minSamples` watched calls, or 10 windows):
+// The rule, once per window (at least `windowMs`, 2 s, and `minSamples` (5) watched calls; a timeout
+// closes it at once; without enough calls it closes after 10 x windowMs, and then may only cut):
 //  - congestion, when any Docker call timed out, or the window's p90 latency of the watched calls is
 //    over `maxLatencyMs` (a tenth of the call deadline: far from the cliff where calls fail), or their
 //    p90 slowdown is over `maxSlowdown` (20), or the load per core is over `maxLoadPerCore` (unset:
@@ -26,10 +27,10 @@
 //    floor). One cut per window, and none until the last one took effect (episodes running fell to the
 //    allowance: a cut stops new episodes, it does not stop running ones, and their calls are still
 //    the old load's);
-//  - otherwise, when the worker is saturated (episodes running at the allowance for at least half of
-//    the window's samples: it would take more if it could), the allowance grows: doubled while in slow
-//    start (from the start until the first congestion, or until the latency passes half of either
-//    limit), then by 1 a window;
+//  - otherwise, when the window had enough calls to judge and the worker is saturated (episodes
+//    running at the allowance for at least half of the window's samples: it would take more if it
+//    could), the allowance grows: doubled while in slow start (from the start until the first
+//    congestion, or until the latency passes half of either limit), then by 1 a window;
 //  - otherwise it holds.
 // The allowance starts at min(ceiling, 4) (not under the floor), so workers of 4 slots or fewer start
 // as they always did, and a large ceiling is reached by slow start in a few windows.
@@ -116,6 +117,8 @@ export interface AdmissionSnapshot {
   decreases: number;
   /** The last closed window (undefined before the first). */
   window?: WindowStats | undefined;
+  /** The engine's latency in the last window that had watched calls (an idle window has none). */
+  latency?: { p50Ms: number; p90Ms: number; slowdownP90?: number | undefined; samples: number } | undefined;
   /** Each watched op's baseline latency, in ms. */
   baselineMs: Record<string, number>;
 }
@@ -147,6 +150,7 @@ export class AdmissionController {
   private useSamples = 0;
   private saturatedSamples = 0;
   private last: WindowStats | undefined;
+  private lastLatency: AdmissionSnapshot['latency'];
   /** Per op: calls not yet grouped, and the medians of past groups with when they closed. */
   private readonly pending = new Map<string, number[]>();
   private readonly medians = new Map<string, { at: number; ms: number }[]>();
@@ -240,10 +244,12 @@ export class AdmissionController {
       this.cutPending = this.inUse > this.current;
       return result('decrease', congestion.join('; '));
     }
+    // Growing takes evidence of a healthy engine: a window closed by its time limit had too few calls.
+    if (!enough) return result('hold', `too few engine calls (${window.samples}) to judge its latency`);
     if (window.saturation < 0.5) return result('hold', 'not saturated');
     if (this.current >= this.ceiling) return result('hold', 'at the ceiling');
     // Slow start ends where the latency passes half of a limit: from there on, one more at a time.
-    if (this.slow && enough && (window.p90Ms! > this.o.maxLatencyMs / 2 || (window.slowdownP90 ?? 0) > this.o.maxSlowdown / 2)) this.slow = false;
+    if (this.slow && (window.p90Ms! > this.o.maxLatencyMs / 2 || (window.slowdownP90 ?? 0) > this.o.maxSlowdown / 2)) this.slow = false;
     this.current = Math.min(this.ceiling, this.slow ? this.current * 2 : this.current + 1);
     this.increases++;
     return result('increase', this.slow ? 'saturated, healthy (slow start)' : 'saturated, healthy');
@@ -257,7 +263,7 @@ export class AdmissionController {
     }
     return {
       allowance: this.current, floor: this.floor, ceiling: this.ceiling, slowStart: this.slow, inUse: this.inUse,
-      increases: this.increases, decreases: this.decreases, window: this.last, baselineMs,
+      increases: this.increases, decreases: this.decreases, window: this.last, latency: this.lastLatency, baselineMs,
     };
   }
 
@@ -278,6 +284,7 @@ export class AdmissionController {
       durationMs: elapsed,
     };
     this.last = window;
+    if (window.samples > 0) this.lastLatency = { p50Ms: window.p50Ms!, p90Ms: window.p90Ms!, slowdownP90: window.slowdownP90, samples: window.samples };
     this.windowStart = now;
     this.latencies = [];
     this.timeouts = 0;

@@ -21,10 +21,10 @@ export const AdmissionFacts = z.object({
   inUse: z.number().int(),
   increases: z.number().int(),
   decreases: z.number().int(),
-  /** p50 and p90 latency of the watched engine calls in the last window, in ms. */
+  /** p50 and p90 latency of the watched engine calls in the last window that had some, in ms. */
   engineP50Ms: z.number().optional(),
   engineP90Ms: z.number().optional(),
-  /** p90 of latency over each call's baseline in the last window. */
+  /** p90 of latency over each call's baseline, in the same window. */
   engineSlowdownP90: z.number().optional(),
   /** Docker calls that timed out in the last window. */
   engineTimeouts: z.number().int(),
@@ -68,14 +68,13 @@ export interface HostFactsOptions {
 }
 
 function admissionFacts(s: AdmissionSnapshot & { autotune: boolean }): AdmissionFacts {
-  const w = s.window;
+  const l = s.latency;
   return {
     autotune: s.autotune, allowance: s.allowance, floor: s.floor, inUse: s.inUse, increases: s.increases, decreases: s.decreases,
-    ...(w?.p50Ms !== undefined && { engineP50Ms: Math.round(w.p50Ms * 10) / 10 }),
-    ...(w?.p90Ms !== undefined && { engineP90Ms: Math.round(w.p90Ms * 10) / 10 }),
-    ...(w?.slowdownP90 !== undefined && { engineSlowdownP90: Math.round(w.slowdownP90 * 100) / 100 }),
-    engineTimeouts: w?.timeouts ?? 0,
-    ...(w?.loadPerCore !== undefined && { loadPerCore: Math.round(w.loadPerCore * 100) / 100 }),
+    ...(l !== undefined && { engineP50Ms: Math.round(l.p50Ms * 10) / 10, engineP90Ms: Math.round(l.p90Ms * 10) / 10 }),
+    ...(l?.slowdownP90 !== undefined && { engineSlowdownP90: Math.round(l.slowdownP90 * 100) / 100 }),
+    engineTimeouts: s.window?.timeouts ?? 0,
+    ...(s.window?.loadPerCore !== undefined && { loadPerCore: Math.round(s.window.loadPerCore * 100) / 100 }),
   };
 }
 

@@ -106,7 +106,7 @@ describe('AdmissionController', () => {
     expect(on.window({ ms: 50, load: 1.5 })).toMatchObject({ change: 'increase', to: 3 });
   });
 
-  it('waits for enough watched calls to judge latency, up to 10 windows', () => {
+  it('waits for enough watched calls to judge latency, up to 10 windows, and does not grow without them', () => {
     const { c, window, advance, at } = harness({ ceiling: 8, maxLatencyMs: 100 });
     // Unwatched calls (their time is what they copy) and failed ones are not latency samples.
     c.observe({ what: 'put archive', ms: 9_000, outcome: 'ok' }, at());
@@ -115,8 +115,14 @@ describe('AdmissionController', () => {
     advance(8 * WINDOW);
     expect(c.decide(at())).toBeUndefined();
     advance(WINDOW);
-    // Ten windows: it closes with what it has, too few calls to judge latency by: saturated, so it grows.
-    expect(c.decide(at())).toMatchObject({ change: 'increase', window: { samples: 2 } });
+    // Ten windows: it closes with what it has, too few calls to judge latency by (500 ms is over the
+    // budget, but two calls do not say so), nor to grow on.
+    expect(c.decide(at())).toMatchObject({ change: 'hold', reason: 'too few engine calls (2) to judge its latency', window: { samples: 2 } });
+    expect(c.allowance).toBe(4);
+    // A timeout needs no latency samples.
+    c.observe({ what: 'start container', ms: 30_000, outcome: 'timeout' }, at());
+    advance(WINDOW);
+    expect(c.decide(at())).toMatchObject({ change: 'decrease', to: 2 });
   });
 
   it('takes each op\'s baseline as the lowest median of 5 of its calls within the horizon', () => {
