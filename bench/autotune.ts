@@ -11,12 +11,12 @@
 // leaves a backlog of removals, which is work the host still has to do).
 //
 // Run: npm run build && npx tsx bench/autotune.ts [--episodes 80] [--levels 1,2,4,8,16] [--ceiling 32]
-// [--agent-sec 1] [--rounds 1] [--call-timeout-ms 30000]. With several rounds, the order of the settings
+// [--agent-sec 1] [--rounds 1] [--call-timeout-ms 30000] [--trace windows.jsonl] (`--levels none`: self-tuning only). With several rounds, the order of the settings
 // alternates (forward, then backward) so that drifts of the machine's background load even out, and
 // each setting's figure is its median over the rounds.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -45,6 +45,8 @@ const { values } = parseArgs({
     'agent-sec': { type: 'string', default: '1' },
     rounds: { type: 'string', default: '1' },
     'call-timeout-ms': { type: 'string', default: '30000' },
+    /** Write every window of the self-tuning worker (decisions, holds, latency) to this file, as JSON lines. */
+    trace: { type: 'string' },
   },
 });
 const int = (name: string, v: string | undefined) => {
@@ -53,7 +55,7 @@ const int = (name: string, v: string | undefined) => {
   return n;
 };
 const episodes = int('episodes', values.episodes);
-const levels = values.levels!.split(',').map((v) => int('levels', v));
+const levels = values.levels === 'none' ? [] : values.levels!.split(',').map((v) => int('levels', v));
 const ceiling = int('ceiling', values.ceiling);
 const rounds = int('rounds', values.rounds);
 const callTimeoutMs = int('call-timeout-ms', values['call-timeout-ms']);
@@ -124,6 +126,7 @@ async function main(): Promise<void> {
     }));
   };
   let serial = 0;
+  const trace: string[] = [];
 
   async function run(setting: Setting, count: number): Promise<Run> {
     const name = `autotune-${++serial}`;
@@ -131,7 +134,7 @@ async function main(): Promise<void> {
       ...process.env, REDIS_URL: redis.url, FLEET_PREFIX: prefix, FLEET_DATA_DIR: path.join(dir, 'data'),
       FLEET_DOCKER_CALL_TIMEOUT_MS: String(callTimeoutMs), FLEET_WORKER_AUTOTUNE: String(setting.kind === 'autotune'),
       // Info for the allowance's changes; the rest of the worker's info lines are few.
-      LOG_LEVEL: setting.kind === 'autotune' ? 'info' : 'warn', FLEET_WORKER_ID: name,
+      LOG_LEVEL: setting.kind === 'autotune' ? (values.trace ? 'debug' : 'info') : 'warn', FLEET_WORKER_ID: name,
     };
     const child = spawn(process.execPath, [BIN, 'worker', '--concurrency', String(setting.concurrency)], { env, stdio: ['ignore', 'ignore', 'pipe'] });
     children.push(child);
@@ -147,7 +150,8 @@ async function main(): Promise<void> {
           continue;
         }
         const entry = JSON.parse(line) as { level: number; msg: string; allowance?: number };
-        if (/^concurrency allowance/.test(entry.msg) && entry.allowance !== undefined) changes.push({ at: performance.now() - started, to: entry.allowance });
+        if (/^concurrency allowance/.test(entry.msg) && values.trace) trace.push(JSON.stringify({ at: Math.round(performance.now() - started), ...entry }));
+        if (/^concurrency allowance (in|de)creased/.test(entry.msg) && entry.allowance !== undefined) changes.push({ at: performance.now() - started, to: entry.allowance });
         else if (entry.level >= 40) process.stderr.write(`${line}\n`);
       }
     });
@@ -210,7 +214,9 @@ async function main(): Promise<void> {
         drainedPerSec: median(runs.map((r) => r.drainedPerSec)),
       };
     });
+    if (values.trace) await writeFile(values.trace, trace.map((l) => `${l}\n`).join(''));
     const fixed = summary.filter((s) => s.setting.kind === 'fixed');
+    if (fixed.length === 0) return;
     const best = fixed.reduce((a, b) => (b.perSec > a.perSec ? b : a));
     const bestDrained = fixed.reduce((a, b) => (b.drainedPerSec > a.drainedPerSec ? b : a));
     const auto = summary.find((s) => s.setting.kind === 'autotune')!;

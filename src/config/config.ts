@@ -50,9 +50,9 @@ export const FleetConfig = z.object({
   FLEET_WORKER_CONCURRENCY_FLOOR: positiveInt.default(1),
   /**
    * Self-tuning: the engine counts as overloaded when its calls' p90 latency in a window is more than
-   * this many times their latency at the least load seen. @default 20
+   * this many times their latency at the least load seen. @default 10
    */
-  FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN: z.coerce.number().gt(1).default(20),
+  FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN: z.coerce.number().gt(1).default(10),
   /**
    * Self-tuning: the host counts as overloaded while its 1-minute load average per core is above this.
    * Unset: the load is not used (on a host shared with other work it says little about the engine).

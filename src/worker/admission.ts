@@ -22,7 +22,7 @@
 // closes it at once; without enough calls it closes after 10 x windowMs, and then may only cut):
 //  - congestion, when any Docker call timed out, or the window's p90 latency of the watched calls is
 //    over `maxLatencyMs` (a tenth of the call deadline: far from the cliff where calls fail), or their
-//    p90 slowdown is over `maxSlowdown` (20), or the load per core is over `maxLoadPerCore` (unset:
+//    p90 slowdown is over `maxSlowdown` (10), or the load per core is over `maxLoadPerCore` (unset:
 //    not used). Then the allowance is cut to floor(allowance x 0.7) (at least 1 less, not under the
 //    floor). One cut per window, and none until the last one took effect (episodes running fell to the
 //    allowance: a cut stops new episodes, it does not stop running ones, and their calls are still
@@ -30,7 +30,7 @@
 //  - otherwise, when the window had enough calls to judge and the worker is saturated (episodes
 //    running at the allowance for at least half of the window's samples: it would take more if it
 //    could), the allowance grows: doubled while in slow start (from the start until the first
-//    congestion, or until the latency passes half of either limit), then by 1 a window;
+//    congestion), then by 1 a window;
 //  - otherwise it holds.
 // The allowance starts at min(ceiling, 4) (not under the floor), so workers of 4 slots or fewer start
 // as they always did, and a large ceiling is reached by slow start in a few windows.
@@ -67,7 +67,7 @@ export interface AdmissionOptions {
   decrease?: number;
   /** Congestion when the window's p90 latency of watched calls passes this. @default 3000 */
   maxLatencyMs?: number;
-  /** Congestion when the window's p90 slowdown (latency / the op's baseline) passes this. @default 20 */
+  /** Congestion when the window's p90 slowdown (latency / the op's baseline) passes this. @default 10 */
   maxSlowdown?: number;
   /** Congestion when the host's 1-minute load average per core passes this. @default unset (not used) */
   maxLoadPerCore?: number | undefined;
@@ -165,7 +165,7 @@ export class AdmissionController {
       minSamples: opts.minSamples ?? 5,
       decrease: opts.decrease ?? 0.7,
       maxLatencyMs: opts.maxLatencyMs ?? 3_000,
-      maxSlowdown: opts.maxSlowdown ?? 20,
+      maxSlowdown: opts.maxSlowdown ?? 10,
       maxLoadPerCore: opts.maxLoadPerCore,
       baselineHorizonMs: opts.baselineHorizonMs ?? 30 * 60_000,
       minBaselineMs: opts.minBaselineMs ?? 20,
@@ -248,8 +248,6 @@ export class AdmissionController {
     if (!enough) return result('hold', `too few engine calls (${window.samples}) to judge its latency`);
     if (window.saturation < 0.5) return result('hold', 'not saturated');
     if (this.current >= this.ceiling) return result('hold', 'at the ceiling');
-    // Slow start ends where the latency passes half of a limit: from there on, one more at a time.
-    if (this.slow && (window.p90Ms! > this.o.maxLatencyMs / 2 || (window.slowdownP90 ?? 0) > this.o.maxSlowdown / 2)) this.slow = false;
     this.current = Math.min(this.ceiling, this.slow ? this.current * 2 : this.current + 1);
     this.increases++;
     return result('increase', this.slow ? 'saturated, healthy (slow start)' : 'saturated, healthy');
@@ -332,7 +330,11 @@ export function startAdmission(opts: AdmissionRunnerOptions): AdmissionRunner {
   const timer = setInterval(() => {
     controller.sampleUse(opts.inUse());
     const decision = controller.decide(performance.now(), loadPerCore());
-    if (decision === undefined || decision.change === 'hold') return;
+    if (decision === undefined) return;
+    if (decision.change === 'hold') {
+      if (autotune) opts.log.debug({ allowance: decision.to, reason: decision.reason, window: decision.window }, 'concurrency allowance held');
+      return;
+    }
     if (target !== undefined && autotune) target.concurrency = decision.to;
     opts.log.info({ allowance: decision.to, from: decision.from, reason: decision.reason, window: decision.window }, `concurrency allowance ${decision.change}d`);
     opts.onChange?.(decision);

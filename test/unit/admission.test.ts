@@ -47,19 +47,23 @@ describe('AdmissionController', () => {
     expect(c.allowance).toBe(4);
   });
 
-  it('cuts x0.7 when the p90 slowdown over the baseline passes the limit, then recovers one slot a window', () => {
-    const { c, window } = harness({ ceiling: 32, initial: 16, maxSlowdown: 10 });
-    // The baseline: 50 ms (the lowest median of 5 calls); 300 ms is 6x: healthy, and slow start ends past half the limit.
+  it('cuts x0.7 when the p90 slowdown over the baseline passes the limit, ends slow start, then recovers one slot a window', () => {
+    const { c, window } = harness({ ceiling: 40, initial: 16 });
+    // The baseline: 50 ms (the lowest median of 5 calls); 300 ms is 6x, under the default limit of 10x.
     window({ ms: 50, inUse: 1 });
-    expect(window({ ms: 300 })).toMatchObject({ change: 'increase', to: 17 });
-    const cut = window({ ms: 600, inUse: 10 })!;
-    expect(cut).toMatchObject({ change: 'decrease', from: 17, to: 11 });
-    expect(cut.reason).toMatch(/p90 slowdown 12\.0x > 10x/);
+    expect(window({ ms: 300 })).toMatchObject({ change: 'increase', to: 32 });
+    const cut = window({ ms: 600, inUse: 20 })!;
+    expect(cut).toMatchObject({ change: 'decrease', from: 32, to: 22 });
+    expect(cut.reason).toBe('p90 slowdown 12.0x > 10x');
     expect(cut.window.slowdownP90).toBeCloseTo(12);
-    const after = [11];
+    const after = [22];
     for (let i = 0; i < 3; i++) after.push(window({ ms: 60 })!.to);
-    expect(after).toEqual([11, 12, 13, 14]);
+    expect(after).toEqual([22, 23, 24, 25]);
     expect(c.snapshot(0)).toMatchObject({ decreases: 1, increases: 4, slowStart: false, baselineMs: { 'create container': 50 } });
+    // A lower limit cuts sooner.
+    const strict = harness({ ceiling: 40, initial: 16, maxSlowdown: 5 });
+    strict.window({ ms: 50, inUse: 1 });
+    expect(strict.window({ ms: 300 })).toMatchObject({ change: 'decrease', to: 11 });
   });
 
   it('cuts once per window, and not again until running episodes fell to the last cut', () => {
