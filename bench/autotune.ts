@@ -15,6 +15,7 @@
 // alternates (forward, then backward) so that drifts of the machine's background load even out, and
 // each setting's figure is its median over the rounds.
 import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
@@ -111,7 +112,9 @@ async function main(): Promise<void> {
   const redis = await startPrivateRedis();
   const client = new Redis(redis.url, { maxRetriesPerRequest: null, connectionName: 'rf-bench' });
   const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-bench-autotune-'));
-  const prefix = 'bench';
+  // A prefix of its own: workers reap every sandbox of their prefix that no live worker of their Redis
+  // owns, so a shared prefix on a shared engine would have them remove another bench's sandboxes.
+  const prefix = `autotune${randomBytes(3).toString('hex')}`;
   const queue = new Queue(EPISODES_QUEUE, { connection: client, prefix });
   const cleanup = new Queue(CLEANUP_QUEUE, { connection: client, prefix });
   const flows = new FlowProducer({ connection: client, prefix });
@@ -134,7 +137,7 @@ async function main(): Promise<void> {
       ...process.env, REDIS_URL: redis.url, FLEET_PREFIX: prefix, FLEET_DATA_DIR: path.join(dir, 'data'),
       FLEET_DOCKER_CALL_TIMEOUT_MS: String(callTimeoutMs), FLEET_WORKER_AUTOTUNE: String(setting.kind === 'autotune'),
       // Info for the allowance's changes; the rest of the worker's info lines are few.
-      LOG_LEVEL: setting.kind === 'autotune' ? (values.trace ? 'debug' : 'info') : 'warn', FLEET_WORKER_ID: name,
+      LOG_LEVEL: values.trace ? 'debug' : setting.kind === 'autotune' ? 'info' : 'warn', FLEET_WORKER_ID: name,
     };
     const child = spawn(process.execPath, [BIN, 'worker', '--concurrency', String(setting.concurrency)], { env, stdio: ['ignore', 'ignore', 'pipe'] });
     children.push(child);
@@ -150,7 +153,7 @@ async function main(): Promise<void> {
           continue;
         }
         const entry = JSON.parse(line) as { level: number; msg: string; allowance?: number };
-        if (/^concurrency allowance/.test(entry.msg) && values.trace) trace.push(JSON.stringify({ at: Math.round(performance.now() - started), ...entry }));
+        if (/^concurrency allowance/.test(entry.msg) && values.trace) trace.push(JSON.stringify({ setting: label(setting), at: Math.round(performance.now() - started), ...entry }));
         if (/^concurrency allowance (in|de)creased/.test(entry.msg) && entry.allowance !== undefined) changes.push({ at: performance.now() - started, to: entry.allowance });
         else if (entry.level >= 40) process.stderr.write(`${line}\n`);
       }

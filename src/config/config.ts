@@ -49,10 +49,10 @@ export const FleetConfig = z.object({
   /** The fewest episodes at once self-tuning may go down to (capped at FLEET_WORKER_CONCURRENCY). @default 1 */
   FLEET_WORKER_CONCURRENCY_FLOOR: positiveInt.default(1),
   /**
-   * Self-tuning: the engine counts as overloaded when its calls' p90 latency in a window is more than
-   * this many times their latency at the least load seen. @default 10
+   * Self-tuning: the engine counts as overloaded when its calls take more than this many times as long
+   * as at the least load seen (their time over their baselines', over the last two windows). @default 6
    */
-  FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN: z.coerce.number().gt(1).default(10),
+  FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN: z.coerce.number().gt(1).default(6),
   /**
    * Self-tuning: the host counts as overloaded while its 1-minute load average per core is above this.
    * Unset: the load is not used (on a host shared with other work it says little about the engine).

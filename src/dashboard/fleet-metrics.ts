@@ -166,9 +166,9 @@ export function createFleetMetrics(opts: FleetMetricsOptions): FleetMetrics {
     workerGauge('rollout_fleet_worker_concurrency_allowance', 'Episodes the worker may run at once now: set by self-tuning (FLEET_WORKER_AUTOTUNE) between its floor and its configured concurrency, else the configured concurrency', (w) => w.admission?.allowance ?? w.concurrency);
     workerGauge('rollout_fleet_worker_concurrency_ceiling', 'The worker\'s configured concurrency (FLEET_WORKER_CONCURRENCY or --concurrency): the most its allowance may reach', (w) => w.concurrency);
     workerGauge('rollout_fleet_worker_episodes_running', 'Episodes the worker was running at its last report', (w) => w.admission?.inUse);
-    workerGauge('rollout_fleet_worker_engine_latency_p50_seconds', 'Median latency of the worker\'s engine calls (create and start container, create, start and inspect exec, inspect container) in its last window that had some', (w) => w.admission?.engineP50Ms === undefined ? undefined : w.admission.engineP50Ms / 1000);
+    workerGauge('rollout_fleet_worker_engine_latency_p50_seconds', 'Median latency of the worker\'s engine calls (create, start and restart container, create, start and inspect exec, inspect container) in its last window that had some', (w) => w.admission?.engineP50Ms === undefined ? undefined : w.admission.engineP50Ms / 1000);
     workerGauge('rollout_fleet_worker_engine_latency_p90_seconds', 'p90 latency of the worker\'s engine calls in its last window that had some', (w) => w.admission?.engineP90Ms === undefined ? undefined : w.admission.engineP90Ms / 1000);
-    workerGauge('rollout_fleet_worker_engine_slowdown', 'p90 of the worker\'s engine call latencies over their baselines (their latency at the least load seen), in its last window that had some', (w) => w.admission?.engineSlowdownP90);
+    workerGauge('rollout_fleet_worker_engine_slowdown', 'Time the worker\'s engine calls took over what they took at the least load seen, in its last windows that had some', (w) => w.admission?.engineSlowdown);
     workerGauge('rollout_fleet_worker_load_per_core', 'The worker host\'s 1-minute load average per core, at the worker\'s last window', (w) => w.admission?.loadPerCore);
   }
 

@@ -6,27 +6,29 @@
 //
 // Inputs:
 //  - every Docker call, as dockerCall reports it (observeDockerCalls): the latencies of the calls whose
-//    cost is the engine's own and not the episode's content (WATCHED_CALLS: create and start container,
-//    create, start and inspect exec, inspect container; not archive copies, whose time is the size of
-//    what is copied, nor removals and restarts, whose time is the processes they kill), and the calls
-//    of any kind that ran into their deadline;
+//    cost is the engine's own and not the episode's content (WATCHED_CALLS: create, start and restart
+//    container, create, start and inspect exec, inspect container; not archive copies, whose time is
+//    the size of what is copied, nor removals), and the calls of any kind that ran into their deadline;
 //  - how many episodes run now (sampled every window / 8);
 //  - the host's load average (1 min) per core, only when a limit for it is set.
 //
-// Each op's baseline is the lowest median of 5 consecutive calls of it in the last 30 minutes: the
-// engine's latency at its least loaded (the first ones are taken at the start allowance, before it
-// climbs). A call's slowdown is its latency over its op's baseline (a baseline under 20 ms counts as
-// 20 ms: a 2 ms call taking 8 ms is jitter, not congestion).
+// Each op's baseline is the lowest median of 5 consecutive calls of it seen, rising by 1% a minute (so
+// an engine that got slower for good is learned again within an hour or two): the engine's latency at
+// its least loaded, the first ones taken at the start allowance, before it climbs. A window's slowdown
+// is the time its watched calls took over the time their baselines add up to (a baseline under 20 ms
+// counts as 20 ms), over that window and the one before: by how much the engine stretched the
+// engine-bound part of the episodes. Weighted by time, it follows the slow calls that make up that
+// part (create, start, restart), not the many quick ones.
 //
 // The rule, once per window (at least `windowMs`, 2 s, and `minSamples` (5) watched calls; a timeout
 // closes it at once; without enough calls it closes after 10 x windowMs, and then may only cut):
 //  - congestion, when any Docker call timed out, or the window's p90 latency of the watched calls is
-//    over `maxLatencyMs` (a tenth of the call deadline: far from the cliff where calls fail), or their
-//    p90 slowdown is over `maxSlowdown` (10), or the load per core is over `maxLoadPerCore` (unset:
-//    not used). Then the allowance is cut to floor(allowance x 0.7) (at least 1 less, not under the
-//    floor). One cut per window, and none until the last one took effect (episodes running fell to the
-//    allowance: a cut stops new episodes, it does not stop running ones, and their calls are still
-//    the old load's);
+//    over `maxLatencyMs` (a tenth of the call deadline: far from the cliff where calls fail), or the
+//    slowdown is over `maxSlowdown` (6), or the load per core is over `maxLoadPerCore` (unset: not
+//    used). Then the allowance is cut to floor(allowance x 0.7) (at least 1 less, not under the floor).
+//    One cut per window, and none until the last one took effect (episodes running fell to the
+//    allowance: a cut stops new episodes, it does not stop running ones, and their calls are still the
+//    old load's);
 //  - otherwise, when the window had enough calls to judge and the worker is saturated (episodes
 //    running at the allowance for at least half of the window's samples: it would take more if it
 //    could), the allowance grows: doubled while in slow start (from the start until the first
@@ -35,12 +37,12 @@
 // The allowance starts at min(ceiling, 4) (not under the floor), so workers of 4 slots or fewer start
 // as they always did, and a large ceiling is reached by slow start in a few windows.
 //
-// Why the limits are what they are: on a 2-core host shared with other work (docs/PERFORMANCE.md,
-// "Self-tuning concurrency"), trivial episodes got more throughput up to 32 at once while the engine's
-// p90 slowdown reached 10-25x: queueing in the engine costs latency long before it costs throughput,
-// so a tight slowdown limit (2-3x, as a latency controller would use) gave away a third of the
-// throughput. What makes the engine's slowness fail episodes is its deadlines, hence the budget relative
-// to the call deadline, and the slowdown limit as a second guard for hosts whose calls are fast.
+// Why these limits (docs/PERFORMANCE.md, "Self-tuning concurrency"): on a 2-core host shared with
+// other work, trivial episodes reached their best throughput somewhere between 16 and 32 at once,
+// with the slowdown (against the latencies at 4) at 2-3 at 16 and 4-8 at 32; past the point where the
+// engine is busy, its latency grows with the episodes at once and throughput stays flat, so a
+// slowdown of 6 keeps the worker on that plateau without going further. The latency budget and the
+// timeouts are what keep the engine's deadlines from failing episodes, whatever the baseline says.
 //
 // The allowance is applied to BullMQ's Worker through its `concurrency` setter: a lower one stops
 // fetching until running episodes fall under it; a higher one takes effect when the worker next looks
@@ -50,7 +52,7 @@ import type { Logger } from 'pino';
 import { observeDockerCalls, type DockerCallSample } from '../sandbox/docker-client.ts';
 
 /** The Docker calls whose latency is the engine's (not the size of what the episode copies or kills). */
-export const WATCHED_CALLS: readonly string[] = ['create container', 'start container', 'create exec', 'start exec', 'inspect exec', 'inspect container'];
+export const WATCHED_CALLS: readonly string[] = ['create container', 'start container', 'restart container', 'create exec', 'start exec', 'inspect exec', 'inspect container'];
 
 export interface AdmissionOptions {
   /** The configured concurrency: the allowance never goes above it. */
@@ -67,12 +69,12 @@ export interface AdmissionOptions {
   decrease?: number;
   /** Congestion when the window's p90 latency of watched calls passes this. @default 3000 */
   maxLatencyMs?: number;
-  /** Congestion when the window's p90 slowdown (latency / the op's baseline) passes this. @default 10 */
+  /** Congestion when the slowdown (the watched calls' time over their baselines') passes this. @default 6 */
   maxSlowdown?: number;
   /** Congestion when the host's 1-minute load average per core passes this. @default unset (not used) */
   maxLoadPerCore?: number | undefined;
-  /** How far back an op's baseline looks. @default 1800000 (30 min) */
-  baselineHorizonMs?: number;
+  /** An op's baseline rises by this factor a minute (then any lower median sets it again). @default 1.01 */
+  baselineDriftPerMinute?: number;
   /** A baseline under this counts as this. @default 20 */
   minBaselineMs?: number;
   /** Calls whose latency is watched. @default WATCHED_CALLS */
@@ -96,8 +98,13 @@ export interface WindowStats {
   /** p50 and p90 latency of the watched calls, in ms (undefined without samples). */
   p50Ms?: number | undefined;
   p90Ms?: number | undefined;
-  /** p90 of latency / the op's baseline (undefined before any baseline). */
-  slowdownP90?: number | undefined;
+  /**
+   * The watched calls' total time over what their baselines add up to, in this window and the one
+   * before (undefined before any baseline).
+   */
+  slowdown?: number | undefined;
+  /** Mean of the window's use samples: episodes running. */
+  meanInUse: number;
   /** Docker calls of any kind that ran into their deadline in the window. */
   timeouts: number;
   /** Share of the window's use samples with every allowed slot busy. */
@@ -118,7 +125,7 @@ export interface AdmissionSnapshot {
   /** The last closed window (undefined before the first). */
   window?: WindowStats | undefined;
   /** The engine's latency in the last window that had watched calls (an idle window has none). */
-  latency?: { p50Ms: number; p90Ms: number; slowdownP90?: number | undefined; samples: number } | undefined;
+  latency?: { p50Ms: number; p90Ms: number; slowdown?: number | undefined; samples: number } | undefined;
   /** Each watched op's baseline latency, in ms. */
   baselineMs: Record<string, number>;
 }
@@ -148,12 +155,15 @@ export class AdmissionController {
   private latencies: { what: string; ms: number }[] = [];
   private timeouts = 0;
   private useSamples = 0;
+  private useSum = 0;
   private saturatedSamples = 0;
   private last: WindowStats | undefined;
   private lastLatency: AdmissionSnapshot['latency'];
-  /** Per op: calls not yet grouped, and the medians of past groups with when they closed. */
+  /** Per op: calls not yet grouped in fives, and the baseline (its value, and when it was set). */
   private readonly pending = new Map<string, number[]>();
-  private readonly medians = new Map<string, { at: number; ms: number }[]>();
+  private readonly baselines = new Map<string, { at: number; ms: number }>();
+  /** The previous window's watched time and baseline time, for the two-window slowdown. */
+  private previous = { spent: 0, expected: 0 };
 
   constructor(opts: AdmissionOptions, now: number) {
     if (!Number.isInteger(opts.ceiling) || opts.ceiling < 1) throw new RangeError(`ceiling: expected an integer from 1 up, got ${opts.ceiling}`);
@@ -165,9 +175,9 @@ export class AdmissionController {
       minSamples: opts.minSamples ?? 5,
       decrease: opts.decrease ?? 0.7,
       maxLatencyMs: opts.maxLatencyMs ?? 3_000,
-      maxSlowdown: opts.maxSlowdown ?? 10,
+      maxSlowdown: opts.maxSlowdown ?? 6,
       maxLoadPerCore: opts.maxLoadPerCore,
-      baselineHorizonMs: opts.baselineHorizonMs ?? 30 * 60_000,
+      baselineDriftPerMinute: opts.baselineDriftPerMinute ?? 1.01,
       minBaselineMs: opts.minBaselineMs ?? 20,
       watched: opts.watched ?? WATCHED_CALLS,
     };
@@ -192,24 +202,25 @@ export class AdmissionController {
       return;
     }
     this.pending.delete(sample.what);
-    const medians = (this.medians.get(sample.what) ?? []).filter((m) => now - m.at <= this.o.baselineHorizonMs);
-    medians.push({ at: now, ms: percentile(group.sort((a, b) => a - b), 0.5)! });
-    this.medians.set(sample.what, medians);
+    const ms = percentile(group.sort((a, b) => a - b), 0.5)!;
+    const current = this.baseline(sample.what, now);
+    if (current === undefined || ms < current) this.baselines.set(sample.what, { at: now, ms });
   }
 
   /** How many episodes run now. */
   sampleUse(inUse: number): void {
     this.inUse = inUse;
     this.useSamples++;
+    this.useSum += inUse;
     if (inUse >= this.current) this.saturatedSamples++;
     if (this.cutPending && inUse <= this.current) this.cutPending = false;
   }
 
   /** The op's baseline latency in ms, if it has one. */
   baseline(what: string, now: number): number | undefined {
-    const live = (this.medians.get(what) ?? []).filter((m) => now - m.at <= this.o.baselineHorizonMs);
-    if (live.length === 0) return undefined;
-    return Math.min(...live.map((m) => m.ms));
+    const b = this.baselines.get(what);
+    if (b === undefined) return undefined;
+    return b.ms * this.o.baselineDriftPerMinute ** (Math.max(0, now - b.at) / 60_000);
   }
 
   /**
@@ -226,8 +237,8 @@ export class AdmissionController {
     const congestion: string[] = [];
     if (window.timeouts > 0) congestion.push(`${window.timeouts} Docker call(s) timed out`);
     if (enough && window.p90Ms! > this.o.maxLatencyMs) congestion.push(`p90 latency ${Math.round(window.p90Ms!)} ms > ${this.o.maxLatencyMs} ms`);
-    if (enough && window.slowdownP90 !== undefined && window.slowdownP90 > this.o.maxSlowdown) {
-      congestion.push(`p90 slowdown ${window.slowdownP90.toFixed(1)}x > ${this.o.maxSlowdown}x`);
+    if (enough && window.slowdown !== undefined && window.slowdown > this.o.maxSlowdown) {
+      congestion.push(`slowdown ${window.slowdown.toFixed(1)}x > ${this.o.maxSlowdown}x`);
     }
     if (this.o.maxLoadPerCore !== undefined && loadPerCore !== undefined && loadPerCore > this.o.maxLoadPerCore) {
       congestion.push(`load ${loadPerCore.toFixed(1)} per core > ${this.o.maxLoadPerCore}`);
@@ -240,6 +251,8 @@ export class AdmissionController {
       if (this.current <= this.floor) return result('hold', `${congestion.join('; ')}; at the floor`);
       this.current = Math.max(this.floor, Math.min(this.current - 1, Math.floor(this.current * this.o.decrease)));
       this.decreases++;
+      // The next window's slowdown starts afresh: this one's calls were judged already.
+      this.previous = { spent: 0, expected: 0 };
       this.lastCutAt = now;
       this.cutPending = this.inUse > this.current;
       return result('decrease', congestion.join('; '));
@@ -267,26 +280,35 @@ export class AdmissionController {
 
   private closeWindow(now: number, elapsed: number, loadPerCore: number | undefined): WindowStats {
     const ms = this.latencies.map((l) => l.ms).sort((a, b) => a - b);
-    const ratios = this.latencies.flatMap((l) => {
-      const b = this.baseline(l.what, now);
-      return b === undefined ? [] : [l.ms / Math.max(b, this.o.minBaselineMs)];
-    }).sort((a, b) => a - b);
+    const baselines = new Map([...this.watched].map((what) => [what, this.baseline(what, now)]));
+    let spent = 0;
+    let expected = 0;
+    for (const l of this.latencies) {
+      const b = baselines.get(l.what);
+      if (b === undefined) continue;
+      spent += l.ms;
+      expected += Math.max(b, this.o.minBaselineMs);
+    }
+    const both = { spent: spent + this.previous.spent, expected: expected + this.previous.expected };
+    this.previous = { spent, expected };
     const window: WindowStats = {
       samples: ms.length,
       p50Ms: percentile(ms, 0.5),
       p90Ms: percentile(ms, 0.9),
-      slowdownP90: percentile(ratios, 0.9),
+      slowdown: both.expected > 0 ? both.spent / both.expected : undefined,
+      meanInUse: this.useSamples === 0 ? 0 : this.useSum / this.useSamples,
       timeouts: this.timeouts,
       saturation: this.useSamples === 0 ? 0 : this.saturatedSamples / this.useSamples,
       loadPerCore,
       durationMs: elapsed,
     };
     this.last = window;
-    if (window.samples > 0) this.lastLatency = { p50Ms: window.p50Ms!, p90Ms: window.p90Ms!, slowdownP90: window.slowdownP90, samples: window.samples };
+    if (window.samples > 0) this.lastLatency = { p50Ms: window.p50Ms!, p90Ms: window.p90Ms!, slowdown: window.slowdown, samples: window.samples };
     this.windowStart = now;
     this.latencies = [];
     this.timeouts = 0;
     this.useSamples = 0;
+    this.useSum = 0;
     this.saturatedSamples = 0;
     return window;
   }
@@ -332,7 +354,7 @@ export function startAdmission(opts: AdmissionRunnerOptions): AdmissionRunner {
     const decision = controller.decide(performance.now(), loadPerCore());
     if (decision === undefined) return;
     if (decision.change === 'hold') {
-      if (autotune) opts.log.debug({ allowance: decision.to, reason: decision.reason, window: decision.window }, 'concurrency allowance held');
+      opts.log.debug({ allowance: decision.to, reason: decision.reason, window: decision.window }, 'concurrency allowance held');
       return;
     }
     if (target !== undefined && autotune) target.concurrency = decision.to;

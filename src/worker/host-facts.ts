@@ -24,8 +24,8 @@ export const AdmissionFacts = z.object({
   /** p50 and p90 latency of the watched engine calls in the last window that had some, in ms. */
   engineP50Ms: z.number().optional(),
   engineP90Ms: z.number().optional(),
-  /** p90 of latency over each call's baseline, in the same window. */
-  engineSlowdownP90: z.number().optional(),
+  /** The watched calls' time over their baselines' (their latency at the least load seen), in the same window. */
+  engineSlowdown: z.number().optional(),
   /** Docker calls that timed out in the last window. */
   engineTimeouts: z.number().int(),
   loadPerCore: z.number().optional(),
@@ -72,7 +72,7 @@ function admissionFacts(s: AdmissionSnapshot & { autotune: boolean }): Admission
   return {
     autotune: s.autotune, allowance: s.allowance, floor: s.floor, inUse: s.inUse, increases: s.increases, decreases: s.decreases,
     ...(l !== undefined && { engineP50Ms: Math.round(l.p50Ms * 10) / 10, engineP90Ms: Math.round(l.p90Ms * 10) / 10 }),
-    ...(l?.slowdownP90 !== undefined && { engineSlowdownP90: Math.round(l.slowdownP90 * 100) / 100 }),
+    ...(l?.slowdown !== undefined && { engineSlowdown: Math.round(l.slowdown * 100) / 100 }),
     engineTimeouts: s.window?.timeouts ?? 0,
     ...(s.window?.loadPerCore !== undefined && { loadPerCore: Math.round(s.window.loadPerCore * 100) / 100 }),
   };

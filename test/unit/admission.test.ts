@@ -47,21 +47,33 @@ describe('AdmissionController', () => {
     expect(c.allowance).toBe(4);
   });
 
-  it('cuts x0.7 when the p90 slowdown over the baseline passes the limit, ends slow start, then recovers one slot a window', () => {
+  it('cuts x0.7 when the slowdown over the baselines passes the limit, ends slow start, then recovers one slot a window', () => {
     const { c, window } = harness({ ceiling: 40, initial: 16 });
-    // The baseline: 50 ms (the lowest median of 5 calls); 300 ms is 6x, under the default limit of 10x.
-    window({ ms: 50, inUse: 1 });
-    expect(window({ ms: 300 })).toMatchObject({ change: 'increase', to: 32 });
+    // The baseline: 50 ms (the lowest median of 5 calls). 300 ms in the next window: over both windows
+    // (3000 + 500) / (500 + 500) = 3.5x, under the default limit of 6x.
+    expect(window({ ms: 50, inUse: 1 })!.window.slowdown).toBeCloseTo(1);
+    const grown = window({ ms: 300 })!;
+    expect(grown).toMatchObject({ change: 'increase', to: 32 });
+    expect(grown.window.slowdown).toBeCloseTo(3.5);
+    // 600 ms: (6000 + 3000) / 1000 = 9x.
     const cut = window({ ms: 600, inUse: 20 })!;
     expect(cut).toMatchObject({ change: 'decrease', from: 32, to: 22 });
-    expect(cut.reason).toBe('p90 slowdown 12.0x > 10x');
-    expect(cut.window.slowdownP90).toBeCloseTo(12);
+    expect(cut.reason).toBe('slowdown 9.0x > 6x');
+    expect(cut.window.slowdown).toBeCloseTo(9);
+    // After a cut the slowdown starts afresh: 60 ms is 1.2x, healthy at once.
     const after = [22];
     for (let i = 0; i < 3; i++) after.push(window({ ms: 60 })!.to);
     expect(after).toEqual([22, 23, 24, 25]);
     expect(c.snapshot(0)).toMatchObject({ decreases: 1, increases: 4, slowStart: false, baselineMs: { 'create container': 50 } });
+    // Weighted by time: the slowdown is the calls' time over their baselines' time, whatever their mix.
+    const mixed = harness({ ceiling: 40, initial: 16 });
+    mixed.window({ ms: 20, what: 'create exec', calls: 50, inUse: 1 });
+    mixed.window({ ms: 100, what: 'start container', inUse: 1 });
+    for (let i = 0; i < 50; i++) mixed.c.observe({ what: 'create exec', ms: 20, outcome: 'ok' }, mixed.at());
+    // (10 x 100 + 50 x 20 + 10 x 1000) / (10 x 100 + 50 x 20 + 10 x 100) over the last two windows.
+    expect(mixed.window({ ms: 1_000, what: 'start container', inUse: 1 })!.window.slowdown).toBeCloseTo(4);
     // A lower limit cuts sooner.
-    const strict = harness({ ceiling: 40, initial: 16, maxSlowdown: 5 });
+    const strict = harness({ ceiling: 40, initial: 16, maxSlowdown: 3 });
     strict.window({ ms: 50, inUse: 1 });
     expect(strict.window({ ms: 300 })).toMatchObject({ change: 'decrease', to: 11 });
   });
@@ -129,15 +141,20 @@ describe('AdmissionController', () => {
     expect(c.decide(at())).toMatchObject({ change: 'decrease', to: 2 });
   });
 
-  it('takes each op\'s baseline as the lowest median of 5 of its calls within the horizon', () => {
-    const { c, at, advance } = harness({ ceiling: 8, baselineHorizonMs: 60_000 });
+  it('takes each op\'s baseline as the lowest median of 5 of its calls, rising by 1% a minute', () => {
+    const { c, at, advance } = harness({ ceiling: 8 });
     for (const ms of [40, 400, 30, 35, 500]) c.observe({ what: 'create exec', ms, outcome: 'ok' }, at());
     expect(c.baseline('create exec', at())).toBe(40);
-    advance(30_000);
+    advance(60_000);
+    expect(c.baseline('create exec', at())).toBeCloseTo(40.4);
+    // A higher median does not move it; a lower one sets it again.
     for (const ms of [90, 95, 100, 105, 110]) c.observe({ what: 'create exec', ms, outcome: 'ok' }, at());
-    expect(c.baseline('create exec', at())).toBe(40);
-    advance(31_000);
-    expect(c.baseline('create exec', at())).toBe(100);
+    expect(c.baseline('create exec', at())).toBeCloseTo(40.4);
+    for (const ms of [30, 31, 32, 33, 34]) c.observe({ what: 'create exec', ms, outcome: 'ok' }, at());
+    expect(c.baseline('create exec', at())).toBe(32);
+    // An engine slower for good: after two hours the baseline has more than tripled... and meets it.
+    advance(120 * 60_000);
+    expect(c.baseline('create exec', at())).toBeCloseTo(32 * 1.01 ** 120);
     expect(c.baseline('start container', at())).toBeUndefined();
   });
 });
