@@ -196,17 +196,27 @@ async function main(): Promise<void> {
     process.stderr.write(`bench: ${episodes} episodes per run, agent ${agentSec} s, call timeout ${callTimeoutMs} ms, ${os.cpus().length} cores, load ${os.loadavg()[0]!.toFixed(1)}\n`);
     // Untimed: the runtime generation is installed on the engine and the image's layers are warm.
     await run({ kind: 'fixed', concurrency: 2 }, 4);
+    const roundRatios: number[] = [];
     for (let round = 1; round <= rounds; round++) {
       const order = round % 2 === 1 ? settings : [...settings].reverse();
+      const thisRound: Run[] = [];
       for (const setting of order) {
         const r = await run(setting, episodes);
         byLabel.get(label(setting))!.push(r);
+        thisRound.push(r);
         const failures = `docker_timeout ${r.dockerTimeouts}, phase_timeout ${r.phaseTimeouts}, other ${r.otherErrors}, retried ${r.retried}`;
         process.stdout.write(`round ${round}: ${label(setting).padEnd(24)} ${r.seconds.toFixed(1).padStart(6)} s, ${r.perSec.toFixed(2)} episodes/s (${r.drainedPerSec.toFixed(2)} with removals); ${failures}; ${r.phases}; load ${r.load.toFixed(1)}\n`);
         if (r.allowance) {
           const a = allowanceSummary(r.allowance, Math.min(ceiling, 4), r.seconds * 1000);
           process.stdout.write(`         allowance: mean ${a.mean.toFixed(1)}, ${a.cuts} cut(s): ${a.path}\n`);
         }
+      }
+      const fixedRuns = thisRound.filter((r) => r.setting.kind === 'fixed');
+      const autoRun = thisRound.find((r) => r.setting.kind === 'autotune');
+      if (fixedRuns.length > 0 && autoRun) {
+        const bestOfRound = fixedRuns.reduce((a, b) => (b.perSec > a.perSec ? b : a));
+        roundRatios.push(autoRun.perSec / bestOfRound.perSec);
+        process.stdout.write(`round ${round}: self-tuning / best fixed of the round (${label(bestOfRound.setting)}): ${roundRatios.at(-1)!.toFixed(2)}x\n`);
       }
     }
     const summary = settings.map((s) => {
@@ -228,6 +238,7 @@ async function main(): Promise<void> {
     const of = rounds > 1 ? ` (medians of ${rounds} rounds)` : '';
     process.stdout.write(`best fixed: ${label(best.setting)}, ${best.perSec.toFixed(2)} episodes/s${of}\n`);
     process.stdout.write(`self-tuning / best fixed: ${ratio.toFixed(2)}x (goal >= 0.95x); with removals: ${ratioDrained.toFixed(2)}x against ${label(bestDrained.setting)}\n`);
+    if (rounds > 1) process.stdout.write(`self-tuning / best fixed of the same round: ${roundRatios.map((r) => r.toFixed(2)).join(', ')}; median ${median(roundRatios).toFixed(2)}x\n`);
     const sum = (runs: Run[], f: (r: Run) => number) => runs.reduce((n, r) => n + f(r), 0);
     process.stdout.write(`\n| setting | episodes/s | with removals | vs best fixed | docker_timeout | phase_timeout | other errors | retried |\n|---|---|---|---|---|---|---|---|\n`);
     for (const s of summary) {

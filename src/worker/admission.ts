@@ -32,7 +32,7 @@
 //  - otherwise, when the window had enough calls to judge and the worker is saturated (episodes
 //    running at the allowance for at least half of the window's samples: it would take more if it
 //    could), the allowance grows: doubled while in slow start (from the start until the first
-//    congestion), then by 1 a window;
+//    congestion; its windows are half as long), then by 1 a window;
 //  - otherwise it holds.
 // The allowance starts at min(ceiling, 4) (not under the floor), so workers of 4 slots or fewer start
 // as they always did, and a large ceiling is reached by slow start in a few windows.
@@ -229,7 +229,8 @@ export class AdmissionController {
    */
   decide(now: number, loadPerCore?: number): AdmissionDecision | undefined {
     const elapsed = now - this.windowStart;
-    if (elapsed < this.o.windowMs) return undefined;
+    // Slow start decides twice as often: the allowance is still far from where it belongs.
+    if (elapsed < (this.slow ? this.o.windowMs / 2 : this.o.windowMs)) return undefined;
     if (this.latencies.length < this.o.minSamples && this.timeouts === 0 && elapsed < 10 * this.o.windowMs) return undefined;
     const window = this.closeWindow(now, elapsed, loadPerCore);
     const from = this.current;

@@ -91,9 +91,13 @@ describe('AdmissionController', () => {
     const { c: c2 } = harness({ ceiling: 32, initial: 20, maxLatencyMs: 1_000 });
     for (let i = 0; i < 50; i++) c2.observe({ what: 'start container', ms: 5_000, outcome: 'ok' }, i);
     c2.sampleUse(10);
-    expect(c2.decide(WINDOW - 1)).toBeUndefined();
-    expect(c2.decide(WINDOW)).toMatchObject({ change: 'decrease', to: 14 });
-    expect(c2.decide(WINDOW + 1)).toBeUndefined();
+    // (Slow start, until this first cut, decides every half window.)
+    expect(c2.decide(WINDOW / 2 - 1)).toBeUndefined();
+    expect(c2.decide(WINDOW / 2)).toMatchObject({ change: 'decrease', to: 14 });
+    for (let i = 0; i < 50; i++) c2.observe({ what: 'start container', ms: 5_000, outcome: 'ok' }, WINDOW);
+    c2.sampleUse(10);
+    expect(c2.decide(WINDOW / 2 + WINDOW - 1)).toBeUndefined();
+    expect(c2.decide(WINDOW / 2 + WINDOW)).toMatchObject({ change: 'decrease', to: 9 });
   });
 
   it('cuts past the latency budget with no baseline yet, and on any timed-out call without latency samples', () => {
