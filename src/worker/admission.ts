@@ -38,11 +38,12 @@
 // as they always did, and a large ceiling is reached by slow start in a few windows.
 //
 // Why these limits (docs/PERFORMANCE.md, "Self-tuning concurrency"): on a 2-core host shared with
-// other work, trivial episodes reached their best throughput somewhere between 16 and 32 at once,
-// with the slowdown (against the latencies at 4) at 2-3 at 16 and 4-8 at 32; past the point where the
-// engine is busy, its latency grows with the episodes at once and throughput stays flat, so a
-// slowdown of 6 keeps the worker on that plateau without going further. The latency budget and the
-// timeouts are what keep the engine's deadlines from failing episodes, whatever the baseline says.
+// other work, trivial episodes reached their best throughput between 8 and 32 at once, depending on
+// that other work, with the slowdown (against the latencies at 4) at 1-2.5 at 16 and 2-8 at 32; past
+// the point where the engine is busy, its latency grows with the episodes at once while throughput
+// stays about flat, so a slowdown of 6 and a p90 budget of a tenth of the deadline keep the worker on
+// that plateau without going further. The budget and the timeouts are what keep the engine's deadlines
+// from failing episodes, whatever the baseline says.
 //
 // The allowance is applied to BullMQ's Worker through its `concurrency` setter: a lower one stops
 // fetching until running episodes fall under it; a higher one takes effect when the worker next looks
