@@ -248,6 +248,9 @@ async function main(): Promise<void> {
     }
   } finally {
     await stopAll();
+    // The runtime generation's volume was installed for this bench's prefix alone.
+    const { Volumes } = await docker.listVolumes({ filters: { label: [`${LABEL.prefix}=${prefix}`] } });
+    await Promise.all((Volumes ?? []).map((v) => docker.getVolume(v.Name).remove().catch(() => undefined)));
     await queue.close();
     await flows.close();
     await cleanup.close();
