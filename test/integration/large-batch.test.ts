@@ -1,0 +1,133 @@
+// Batches of many episodes (bench/scale.ts measures 100,000): a batch larger than one flow goes in
+// chunks behind a gate, and an interrupted one is completed by enqueueing it again; planned jobs are
+// the ones a parse per episode made. Real Redis; BullMQ workers with a stub processor stand for the
+// fleet's (no Docker).
+import { mkdir, mkdtemp, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { Queue, Worker } from 'bullmq';
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
+import { BATCH_GATES_QUEUE, BATCHES_QUEUE } from '../../queues/batches/contract.ts';
+import { EPISODES_QUEUE, EpisodeJob } from '../../queues/episodes/contract.ts';
+import { enqueueBatch, planBatch } from '../../src/producer/enqueue-batch.ts';
+import { loadBatch } from '../../src/tasks/load-task.ts';
+import { startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
+
+/** A batch file of one small task and `samples` episodes, named `name` (each name its own batch id). */
+async function batchFile(dir: string, name: string, samples: number): Promise<string> {
+  const task = path.join(dir, 'tasks', 'fix');
+  await mkdir(path.join(task, 'workspace'), { recursive: true });
+  await mkdir(path.join(task, 'tests'), { recursive: true });
+  await writeFile(path.join(task, 'workspace', 'state.txt'), 'broken\n');
+  await writeFile(path.join(task, 'tests', 'test.sh'), 'grep -qx fixed state.txt\n');
+  await writeFile(path.join(task, 'task.yaml'), 'id: fix\ninstruction: write fixed into state.txt\nverify:\n  command: sh /tests/test.sh\n');
+  const file = path.join(dir, `${name}.yaml`);
+  await writeFile(file, `name: ${name}\ntasks: [tasks/fix]\nsamples: ${samples}\nagent: { kind: command, command: "true" }\n`);
+  return file;
+}
+
+describe('large batches', () => {
+  let env: FleetEnv;
+  let dir: string;
+  let batches: Queue;
+  let gates: Queue;
+  const workers: Worker[] = [];
+  const deps = () => ({ flows: env.flows, redis: env.client, prefix: env.prefix, results: env.results });
+  /** Small sizes, so a batch of 25 takes the chunked path in chunks of 7. */
+  const small = { oneFlowMax: 10, chunk: 7 };
+
+  beforeAll(async () => {
+    env = await startFleetEnv();
+    dir = await mkdtemp(path.join(os.tmpdir(), 'rf-large-batch-'));
+    batches = new Queue(BATCHES_QUEUE, { connection: env.client, prefix: env.prefix });
+    gates = new Queue(BATCH_GATES_QUEUE, { connection: env.client, prefix: env.prefix });
+  });
+  afterEach(async () => {
+    vi.restoreAllMocks();
+    await Promise.all(workers.splice(0).map((w) => w.close()));
+  });
+  afterAll(async () => {
+    await batches?.close();
+    await gates?.close();
+    await env?.close();
+  });
+
+  /** Complete every waiting episode (a stub worker), and wait until `completed` of the batch's are done. */
+  async function completeWaiting(batchId: string, completed: number): Promise<void> {
+    const worker = new Worker(EPISODES_QUEUE, async () => 'done', { connection: env.client, prefix: env.prefix, concurrency: 10 });
+    workers.push(worker);
+    await waitFor(`${completed} completed episodes`, async () => (await env.episodes.getJobs(['completed'])).filter((j) => j.id?.startsWith(`${batchId}.`)).length >= completed, 30_000, 50);
+    await worker.close();
+  }
+
+  const parentState = async (batchId: string) => (await batches.getJob(batchId))?.getState();
+
+  it('adds a batch larger than one flow in chunks, every episode a child of the parent, which runs once all have ended', async () => {
+    const file = await batchFile(dir, 'chunked', 25);
+    const plan = await enqueueBatch(await loadBatch(file), deps(), small);
+    expect(plan.added).toBe(true);
+    const jobs = (await env.episodes.getJobs(['waiting'])).filter((j) => j.id?.startsWith(`${plan.batchId}.`));
+    expect(jobs.map((j) => j.id).sort()).toEqual(plan.jobs.map((j) => j.episodeId).sort());
+    for (const job of jobs) {
+      expect(job.parent?.id).toBe(plan.batchId);
+      expect(job.data).toEqual(plan.jobs.find((j) => j.episodeId === job.id));
+      expect(job.opts.ignoreDependencyOnFailure).toBe(true);
+    }
+    expect(await parentState(plan.batchId)).toBe('waiting-children');
+    expect((await (await batches.getJob(plan.batchId))!.getDependenciesCount()).unprocessed).toBe(25);
+    expect(await gates.getJob(plan.batchId)).toBeUndefined();
+
+    // The same batch again adds nothing.
+    expect((await enqueueBatch(await loadBatch(file), deps(), small)).added).toBe(false);
+    expect((await env.episodes.getJobs(['waiting'])).filter((j) => j.id?.startsWith(`${plan.batchId}.`))).toHaveLength(25);
+
+    await completeWaiting(plan.batchId, 25);
+    await waitFor('the parent to be released', async () => (await parentState(plan.batchId)) === 'waiting', 10_000, 50);
+  });
+
+  it('keeps an interrupted batch behind its gate, even when every episode added so far has ended; enqueueing it again completes it', async () => {
+    const file = await batchFile(dir, 'interrupted', 25);
+    const addBulk = Queue.prototype.addBulk;
+    let calls = 0;
+    vi.spyOn(Queue.prototype, 'addBulk').mockImplementation(async function (this: Queue, jobs) {
+      calls += 1;
+      if (calls === 2) throw new Error('producer lost half-way');
+      return addBulk.call(this, jobs);
+    });
+    await expect(enqueueBatch(await loadBatch(file), deps(), small)).rejects.toThrow('producer lost half-way');
+    vi.restoreAllMocks();
+    const plan = await planBatch(await loadBatch(file));
+    const added = () => env.episodes.getJobs(['waiting', 'completed']).then((js) => js.filter((j) => j.id?.startsWith(`${plan.batchId}.`)));
+    expect(await added()).toHaveLength(7);
+    expect(await gates.getJob(plan.batchId)).toBeDefined();
+
+    // The 7 end; the gate holds the parent back.
+    await completeWaiting(plan.batchId, 7);
+    expect(await parentState(plan.batchId)).toBe('waiting-children');
+
+    const again = await enqueueBatch(await loadBatch(file), deps(), small);
+    expect(again).toMatchObject({ batchId: plan.batchId, added: true });
+    expect((await added()).map((j) => j.id).sort()).toEqual(plan.jobs.map((j) => j.episodeId).sort());
+    expect(await gates.getJob(plan.batchId)).toBeUndefined();
+    expect(await parentState(plan.batchId)).toBe('waiting-children');
+    expect((await (await batches.getJob(plan.batchId))!.getDependenciesCount()).unprocessed).toBe(18);
+
+    await completeWaiting(plan.batchId, 25);
+    await waitFor('the parent to be released', async () => (await parentState(plan.batchId)) === 'waiting', 10_000, 50);
+    // Complete now: a third enqueue adds nothing.
+    expect((await enqueueBatch(await loadBatch(file), deps(), small)).added).toBe(false);
+  });
+
+  it('plans the jobs a parse per episode made, byte for byte', async () => {
+    const loaded = await loadBatch(await batchFile(dir, 'planned', 12));
+    const now = new Date('2026-01-02T03:04:05.678Z');
+    const plan = await planBatch(loaded, now);
+    const spec = loaded.tasks[0]!.spec;
+    const one = (sample: number) => EpisodeJob.parse({
+      episodeId: `${plan.batchId}.${spec.id}.${sample}`, batchId: plan.batchId, sample, task: spec, taskDigest: plan.tasks[0]!.digest,
+      agent: loaded.batch.agent, enqueuedAt: now.toISOString(),
+    });
+    expect(plan.jobs.map((j) => JSON.stringify(j))).toEqual(Array.from({ length: 12 }, (_, s) => JSON.stringify(one(s))));
+  });
+
+});
