@@ -44,7 +44,8 @@ export function batchPages(opts: BatchPagesOptions): Router {
       res.status(404).type('html').send(notFoundPage(`No batch ${req.params.batchId}.`, links).value);
       return;
     }
-    const all = await results.results(manifest.batchId);
+    // The outlines (status, reward, timings, worker...) are all the page shows of each result.
+    const all = await results.outlines(manifest.batchId, manifest);
     const summary = summarize(manifest.batchId, manifest.episodeIds.length, all);
     res.type('html').send(batchPage({ manifest, summary, results: all }, links).value);
   });
@@ -57,7 +58,7 @@ export function batchPages(opts: BatchPagesOptions): Router {
       res.status(404).type('html').send(notFoundPage(`No episode ${episodeId} in batch ${batchId}.`, links).value);
       return;
     }
-    const result = (await results.results(batchId)).find((r) => r.episodeId === episodeId);
+    const result = await results.get(batchId, episodeId);
     const evidence = opts.artifacts !== undefined && !storeIsDataDir(opts.artifacts, opts.dataDir)
       ? await readEvidenceFromStore(opts.artifacts, episodeId, capBytes, AbortSignal.timeout(30_000))
       : await readEvidence(opts.dataDir, episodeId, capBytes);

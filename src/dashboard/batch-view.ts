@@ -3,6 +3,7 @@
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
 import type { BatchManifest } from '../results/results-store.ts';
 import type { BatchSummary } from '../results/batch-summary.ts';
+import type { ResultOutline } from '../results/result-outline.ts';
 import { phaseTimings, rewardHistogram } from './batch-stats.ts';
 import type { EvidenceFile } from './evidence-files.ts';
 import { SafeHtml, html } from './html.ts';
@@ -56,7 +57,7 @@ ${rows.map((r) => html`<tr><td><a href="${batchHref(r.batchId)}">${r.batchId}</a
 export interface BatchPageData {
   manifest: BatchManifest;
   summary: BatchSummary;
-  results: readonly EpisodeResult[];
+  results: readonly ResultOutline[];
 }
 
 export function batchPage(data: BatchPageData, links: Links): SafeHtml {

@@ -73,6 +73,12 @@ export const batchResultsKey = (prefix: string, batchId: string) => `${prefix}:b
  */
 export const batchCompletionsKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:completions`;
 
+/**
+ * Hash: episode id -> the outline of its result (a JSON array: what the summary and the batch page
+ * read, see results-store.ts), written and removed with the result in the same step.
+ */
+export const batchOutlinesKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:outlines`;
+
 /** String: the batch summary, stored once its last episode ended. */
 export const batchSummaryKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:summary`;
 

@@ -8,8 +8,9 @@ import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { EpisodeResult } from '../../queues/episodes/contract.ts';
 import { writeFileAtomic } from '../files/atomic-write.ts';
-import { batchCompletionsKey, batchesKey, batchManifestKey, batchResultsKey, batchSummaryKey, episodeRetryKey } from '../redis/redis-keys.ts';
+import { batchCompletionsKey, batchesKey, batchManifestKey, batchOutlinesKey, batchResultsKey, batchSummaryKey, episodeRetryKey } from '../redis/redis-keys.ts';
 import { summarize, type BatchSummary } from './batch-summary.ts';
+import { decodeOutline, encodeOutline, type ResultOutline } from './result-outline.ts';
 
 export const BatchManifest = z.object({
   batchId: z.string(),
@@ -24,18 +25,15 @@ export type BatchManifest = z.infer<typeof BatchManifest>;
 const RETRY_MARK_TTL_SEC = 8 * 24 * 3600;
 
 /**
- * Atomically: when the episode is marked for a retry, forget its result and the mark.
- * KEYS[1] batch results hash; KEYS[2] retry mark; ARGV[1] episode id.
- * Returns the result still recorded (JSON), or false when there is none (none recorded, or just forgotten).
- */
-/**
- * Record a result once, and append it to the batch's completion stream in the same step, so a reader of
- * the stream never misses a recorded result nor sees one twice.
- * KEYS[1] results hash; KEYS[2] completions stream; ARGV[1] episode id; ARGV[2] result JSON;
- * ARGV[3] status; ARGV[4] reward ('' when none). Returns the stream entry id, or false when it had a result.
+ * Record a result once, with its outline, and append it to the batch's completion stream in the same
+ * step, so a reader of the stream never misses a recorded result nor sees one twice.
+ * KEYS[1] results hash; KEYS[2] completions stream; KEYS[3] outlines hash; ARGV[1] episode id;
+ * ARGV[2] result JSON; ARGV[3] status; ARGV[4] reward ('' when none); ARGV[5] the outline.
+ * Returns the stream entry id, or false when it had a result.
  */
 const RECORD_RESULT = `
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return false end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
 return redis.call('XADD', KEYS[2], '*', 'episodeId', ARGV[1], 'status', ARGV[3], 'reward', ARGV[4])`;
 
 /** One entry of a batch's completion stream. */
@@ -47,12 +45,21 @@ export interface Completion {
   reward: number | null;
 }
 
+/**
+ * Atomically: when the episode is marked for a retry, forget its result (and outline) and the mark.
+ * KEYS[1] batch results hash; KEYS[2] retry mark; KEYS[3] outlines hash; ARGV[1] episode id.
+ * Returns the result still recorded (JSON), or false when there is none (none recorded, or just forgotten).
+ */
 const RESULT_UNLESS_RETRIED = `
 if redis.call('DEL', KEYS[2]) == 1 then
   redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[1])
   return false
 end
 return redis.call('HGET', KEYS[1], ARGV[1])`;
+
+/** KEYS[1] results hash; KEYS[2] outlines hash. Returns {results count, [id, outline, id, outline...]}. */
+const OUTLINES = `return {redis.call('HLEN', KEYS[1]), redis.call('HGETALL', KEYS[2])}`;
 
 export class ResultsStore {
   constructor(
@@ -67,6 +74,10 @@ export class ResultsStore {
 
   private resultsKey(batchId: string) {
     return batchResultsKey(this.prefix, batchId);
+  }
+
+  private outlinesKey(batchId: string) {
+    return batchOutlinesKey(this.prefix, batchId);
   }
 
   private summaryKey(batchId: string) {
@@ -94,11 +105,11 @@ export class ResultsStore {
     return this.redis.zrevrange(this.batchesKey(), 0, Math.max(0, limit - 1));
   }
 
-  /** The summary as of now, computed from the results. */
+  /** The summary as of now, computed from the results' outlines. */
   async summary(batchId: string): Promise<BatchSummary | undefined> {
     const manifest = await this.getManifest(batchId);
     if (manifest === undefined) return undefined;
-    return summarize(batchId, manifest.episodeIds.length, await this.results(batchId));
+    return summarize(batchId, manifest.episodeIds.length, await this.outlines(batchId, manifest));
   }
 
   /** Compute the summary and store it (Redis and summary.json beside the results). */
@@ -124,8 +135,8 @@ export class ResultsStore {
   /** Record an episode's result; false (and nothing written) when it already had one. */
   async record(result: EpisodeResult): Promise<boolean> {
     const entry = await this.redis.eval(
-      RECORD_RESULT, 2, this.resultsKey(result.batchId), batchCompletionsKey(this.prefix, result.batchId),
-      result.episodeId, JSON.stringify(result), result.status, result.reward === null ? '' : String(result.reward),
+      RECORD_RESULT, 3, this.resultsKey(result.batchId), batchCompletionsKey(this.prefix, result.batchId), this.outlinesKey(result.batchId),
+      result.episodeId, JSON.stringify(result), result.status, result.reward === null ? '' : String(result.reward), encodeOutline(result),
     );
     const first = entry === null ? 0 : 1;
     if (first === 1) {
@@ -166,7 +177,7 @@ export class ResultsStore {
    * retry by kind calls it too; whichever comes first forgets, the other finds nothing to do.
    */
   async resultUnlessRetried(batchId: string, episodeId: string): Promise<EpisodeResult | undefined> {
-    const raw = (await this.redis.eval(RESULT_UNLESS_RETRIED, 2, this.resultsKey(batchId), episodeRetryKey(this.prefix, episodeId), episodeId)) as string | null;
+    const raw = (await this.redis.eval(RESULT_UNLESS_RETRIED, 3, this.resultsKey(batchId), episodeRetryKey(this.prefix, episodeId), this.outlinesKey(batchId), episodeId)) as string | null;
     return raw === null ? undefined : EpisodeResult.parse(JSON.parse(raw));
   }
 
@@ -194,11 +205,36 @@ export class ResultsStore {
   }
 
   /** The results recorded so far, in the manifest's order. */
-  async results(batchId: string): Promise<EpisodeResult[]> {
+  async results(batchId: string, manifest?: BatchManifest): Promise<EpisodeResult[]> {
     const all = await this.redis.hgetall(this.resultsKey(batchId));
-    const manifest = await this.getManifest(batchId);
-    const order = manifest?.episodeIds ?? Object.keys(all).sort();
+    const order = (manifest ?? (await this.getManifest(batchId)))?.episodeIds ?? Object.keys(all).sort();
     return order.flatMap((id) => (all[id] === undefined ? [] : [EpisodeResult.parse(JSON.parse(all[id]))]));
+  }
+
+  /**
+   * The outlines of the results recorded so far, in the manifest's order: what the summary and the
+   * batch page read. From the outlines hash when it holds one per result; otherwise (results recorded
+   * before outlines were kept) from the results themselves.
+   */
+  async outlines(batchId: string, manifest?: BatchManifest): Promise<ResultOutline[]> {
+    // One step, so the count and the outlines are of the same moment; a flat reply (no object of
+    // 100,000 keys built by the client).
+    const [count, flat] = (await this.redis.eval(OUTLINES, 2, this.resultsKey(batchId), this.outlinesKey(batchId))) as [number, string[]];
+    const m = manifest ?? (await this.getManifest(batchId));
+    if (flat.length / 2 !== count) return this.results(batchId, m);
+    const byId = new Map<string, string>();
+    for (let i = 0; i < flat.length; i += 2) byId.set(flat[i]!, flat[i + 1]!);
+    const ids: string[] = [];
+    const texts: string[] = [];
+    for (const id of m?.episodeIds ?? [...byId.keys()].sort()) {
+      const text = byId.get(id);
+      if (text === undefined) continue;
+      ids.push(id);
+      texts.push(text);
+    }
+    // One parse of them all: 100,000 small parses took several times as long.
+    const stored = JSON.parse(`[${texts.join(',')}]`) as unknown[];
+    return stored.map((fields, i) => decodeOutline(ids[i]!, fields));
   }
 
   resultFile(batchId: string, episodeId: string): string {

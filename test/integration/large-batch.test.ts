@@ -1,15 +1,18 @@
 // Batches of many episodes (bench/scale.ts measures 100,000): a batch larger than one flow goes in
 // chunks behind a gate, and an interrupted one is completed by enqueueing it again; planned jobs are
-// the ones a parse per episode made. Real Redis; BullMQ workers with a stub processor stand for the
-// fleet's (no Docker).
+// the ones a parse per episode made; the summary and the batch page read the results' outlines, which
+// give the numbers the whole results give. Real Redis; BullMQ workers with a stub processor stand for
+// the fleet's (no Docker).
 import { mkdir, mkdtemp, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Queue, Worker } from 'bullmq';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { BATCH_GATES_QUEUE, BATCHES_QUEUE } from '../../queues/batches/contract.ts';
-import { EPISODES_QUEUE, EpisodeJob } from '../../queues/episodes/contract.ts';
+import { EPISODES_QUEUE, EpisodeJob, type EpisodeResult } from '../../queues/episodes/contract.ts';
 import { enqueueBatch, planBatch } from '../../src/producer/enqueue-batch.ts';
+import { batchOutlinesKey } from '../../src/redis/redis-keys.ts';
+import { summarize } from '../../src/results/batch-summary.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
 import { startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
 
@@ -130,4 +133,62 @@ describe('large batches', () => {
     expect(plan.jobs.map((j) => JSON.stringify(j))).toEqual(Array.from({ length: 12 }, (_, s) => JSON.stringify(one(s))));
   });
 
+  describe('outlines', () => {
+    const batchId = 'outlined-000000000000';
+    // Recorded in another order than the manifest's, with every field the summary and page read.
+    const ids = ['t-b', 't-a', 't-c'].flatMap((t) => [0, 1, 2, 3].map((s) => `${batchId}.${t}.${s}`));
+    const result = (episodeId: string, i: number): EpisodeResult => {
+      const [, taskId, sample] = episodeId.split('.') as [string, string, string];
+      const status = (['passed', 'failed', 'error', 'timeout', 'passed', 'cancelled'] as const)[i % 6]!;
+      return {
+        episodeId, batchId, taskId, sample: Number(sample), status,
+        ...(status === 'error' && { error: { kind: i % 4 === 0 ? 'infra' : 'agent', code: `code_${i}`, message: 'm' } }),
+        reward: status === 'passed' ? 1 : status === 'failed' ? (i % 3) / 10 : null,
+        attempts: 1 + (i % 3), workerId: `w-${i % 2}`,
+        timings: { totalMs: 1000 + i * 7, ...(i % 2 === 0 && { setupMs: 100 + i }), ...(i % 3 !== 0 && { agentMs: 500 + i, verifyMs: 50 + i }), ...(i % 5 === 0 && { closeMs: 10 }) },
+        provenance: { taskDigest: '0'.repeat(64), image: 'busybox:1.36', agent: { kind: 'command', command: 'true' } },
+        ...(i % 2 === 1 && { usage: { promptTokens: 100 * i, completionTokens: 10 * i, totalTokens: 110 * i } }),
+        startedAt: '2026-01-01T00:00:00.000Z', endedAt: '2026-01-01T00:00:01.000Z',
+      };
+    };
+    const expected = async () => summarize(batchId, ids.length, await env.results.results(batchId));
+
+    beforeAll(async () => {
+      await env.results.putManifest({ batchId, name: 'outlined', createdAt: new Date().toISOString(), episodeIds: ids });
+      for (const [i, id] of [...ids].reverse().entries()) if (i !== 5) await env.results.record(result(id, i));
+    });
+
+    it('give the summary (key order included) and the page fields the whole results give', async () => {
+      const summary = await env.results.summary(batchId);
+      expect(JSON.stringify(summary)).toBe(JSON.stringify(await expected()));
+      expect(summary).toMatchObject({ done: 11, finished: false });
+      const outlines = await env.results.outlines(batchId);
+      const full = await env.results.results(batchId);
+      expect(outlines.map((o) => o.episodeId)).toEqual(full.map((r) => r.episodeId));
+      expect(outlines).toEqual(full.map((r) => ({
+        episodeId: r.episodeId, taskId: r.taskId, status: r.status, reward: r.reward, attempts: r.attempts, workerId: r.workerId,
+        ...(r.error && { error: { kind: r.error.kind, code: r.error.code } }), timings: r.timings, ...(r.usage && { usage: r.usage }),
+      })));
+    });
+
+    it('fall back to the results when they do not cover every result (recorded before outlines were kept)', async () => {
+      const key = batchOutlinesKey(env.prefix, batchId);
+      const saved = await env.client.hgetall(key);
+      await env.client.hdel(key, ids[0]!);
+      expect(JSON.stringify(await env.results.summary(batchId))).toBe(JSON.stringify(await expected()));
+      await env.client.del(key);
+      expect(JSON.stringify(await env.results.summary(batchId))).toBe(JSON.stringify(await expected()));
+      await env.client.hset(key, saved);
+    });
+
+    it('are forgotten with their result by a retry by kind', async () => {
+      const id = ids.find((x) => x.endsWith('.t-a.1'))!;
+      expect(await env.results.has(batchId, id)).toBe(true);
+      await env.results.markForRetry(id);
+      expect(await env.results.resultUnlessRetried(batchId, id)).toBeUndefined();
+      expect(await env.client.hexists(batchOutlinesKey(env.prefix, batchId), id)).toBe(0);
+      expect((await env.results.outlines(batchId)).map((o) => o.episodeId)).not.toContain(id);
+      expect(JSON.stringify(await env.results.summary(batchId))).toBe(JSON.stringify(await expected()));
+    });
+  });
 });
