@@ -212,6 +212,26 @@ export class ResultsStore {
   }
 
   /**
+   * The results recorded so far, in the manifest's order, a page at a time (HMGET of `pageSize`
+   * episodes), so a reader of 100,000 results holds a page of them, not all.
+   */
+  async *resultPages(batchId: string, manifest: BatchManifest, pageSize = 1_000): AsyncGenerator<EpisodeResult[]> {
+    const ids = manifest.episodeIds;
+    const read = (from: number) => {
+      const page = this.redis.hmget(this.resultsKey(batchId), ...ids.slice(from, from + pageSize));
+      page.catch(() => undefined); // awaited below, unless the reader stops first
+      return page;
+    };
+    // The next page is on its way while this one is parsed and written.
+    let next = ids.length > 0 ? read(0) : undefined;
+    for (let i = 0; next !== undefined; i += pageSize) {
+      const raw = await next;
+      next = i + pageSize < ids.length ? read(i + pageSize) : undefined;
+      yield raw.flatMap((r) => (r === null ? [] : [EpisodeResult.parse(JSON.parse(r))]));
+    }
+  }
+
+  /**
    * The outlines of the results recorded so far, in the manifest's order: what the summary and the
    * batch page read. From the outlines hash when it holds one per result; otherwise (results recorded
    * before outlines were kept) from the results themselves.

@@ -1,8 +1,10 @@
 // Batches of many episodes (bench/scale.ts measures 100,000): a batch larger than one flow goes in
 // chunks behind a gate, and an interrupted one is completed by enqueueing it again; planned jobs are
 // the ones a parse per episode made; the summary and the batch page read the results' outlines, which
-// give the numbers the whole results give. Real Redis; BullMQ workers with a stub processor stand for
-// the fleet's (no Docker).
+// give the numbers the whole results give; `results` prints every line into a slow pipe. Real Redis;
+// BullMQ workers with a stub processor stand for the fleet's (no Docker).
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { mkdir, mkdtemp, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -14,7 +16,7 @@ import { enqueueBatch, planBatch } from '../../src/producer/enqueue-batch.ts';
 import { batchOutlinesKey } from '../../src/redis/redis-keys.ts';
 import { summarize } from '../../src/results/batch-summary.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
-import { startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
+import { BIN, startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
 
 /** A batch file of one small task and `samples` episodes, named `name` (each name its own batch id). */
 async function batchFile(dir: string, name: string, samples: number): Promise<string> {
@@ -190,5 +192,38 @@ describe('large batches', () => {
       expect((await env.results.outlines(batchId)).map((o) => o.episodeId)).not.toContain(id);
       expect(JSON.stringify(await env.results.summary(batchId))).toBe(JSON.stringify(await expected()));
     });
+  });
+
+  it('`results` prints every line into a pipe whose reader is behind (it used to exit with the output half-written), and ends quietly when the reader goes', async () => {
+    const batchId = 'piped-000000000000';
+    const ids = Array.from({ length: 2_000 }, (_, i) => `${batchId}.t.${i}`);
+    await env.results.putManifest({ batchId, name: 'piped', createdAt: new Date().toISOString(), episodeIds: ids });
+    await Promise.all(ids.map((episodeId, i) => env.results.record({
+      episodeId, batchId, taskId: 't', sample: i, status: 'passed', reward: 1, attempts: 1, workerId: 'w'.repeat(200), timings: { totalMs: 1 },
+      provenance: { taskDigest: '0'.repeat(64), image: 'busybox:1.36', agent: { kind: 'command', command: 'true' } }, startedAt: '', endedAt: '',
+    })));
+    const child = spawn(process.execPath, [BIN, 'results', batchId], { env: env.env, stdio: ['ignore', 'pipe', 'inherit'] });
+    const closed = once(child, 'close') as Promise<[number | null]>;
+    child.stdout.pause();
+    // Read nothing until the command has exited or is held by the full pipe (its connection idle).
+    await waitFor('the command to exit or wait on the pipe', async () => child.exitCode !== null
+      || String(await env.client.client('LIST')).split('\n').some((c) => c.includes('name=rf-cli') && Number(/ idle=(\d+)/.exec(c)?.[1]) >= 1), 30_000, 50);
+    let lines = 0;
+    child.stdout.on('data', (c: Buffer) => {
+      for (let i = c.indexOf(10); i !== -1; i = c.indexOf(10, i + 1)) lines += 1;
+    });
+    child.stdout.resume();
+    const [code] = await closed;
+    expect(code).toBe(0);
+    expect(lines).toBe(2_000);
+
+    // A reader that stops after the first line (`| head -1`): a quiet exit 0, no EPIPE stack trace.
+    const early = spawn(process.execPath, [BIN, 'results', batchId], { env: env.env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stderr = '';
+    early.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    const earlyClosed = once(early, 'close') as Promise<[number | null]>;
+    early.stdout.once('data', () => early.stdout.destroy());
+    expect((await earlyClosed)[0]).toBe(0);
+    expect(stderr).toBe('');
   });
 });
