@@ -168,9 +168,8 @@ export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps, opts:
   // The manifest goes first: a second enqueue of the same batch (or a retry of an interrupted one
   // whose flow did land) finds the parent job and adds nothing. A parent still behind its gate was
   // interrupted half-way: it is completed (the episodes already added are not added twice).
-  if (!first && (await jobExists(deps, BATCHES_QUEUE, plan.batchId)) && !(await jobExists(deps, BATCH_GATES_QUEUE, plan.batchId))) {
-    return { ...plan, added: false };
-  }
+  const gated = !first && (await jobExists(deps, BATCH_GATES_QUEUE, plan.batchId));
+  if (!first && !gated && (await jobExists(deps, BATCHES_QUEUE, plan.batchId))) return { ...plan, added: false };
   const parent: BatchJob = { batchId: plan.batchId, name: plan.name, total: plan.jobs.length };
   const child = (data: EpisodeJob) => ({
     name: data.task.id,
@@ -178,7 +177,8 @@ export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps, opts:
     // A child that fails outright (it stalled too often) must not hold the batch's summary back.
     opts: { ...episodeJobOptions, jobId: data.episodeId, ignoreDependencyOnFailure: true },
   });
-  if (plan.jobs.length <= (opts.oneFlowMax ?? ONE_FLOW_MAX)) {
+  // A gate left by an interrupted enqueue is removed by the chunked path, whatever the batch's size.
+  if (plan.jobs.length <= (opts.oneFlowMax ?? ONE_FLOW_MAX) && !gated) {
     await deps.flows.add({
       name: 'batch',
       queueName: BATCHES_QUEUE,
