@@ -8,7 +8,9 @@ import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { EpisodeResult } from '../../queues/episodes/contract.ts';
 import { writeFileAtomic } from '../files/atomic-write.ts';
-import { batchCompletionsKey, batchesKey, batchManifestKey, batchOutlinesKey, batchResultsKey, batchSummaryKey, episodeRetryKey } from '../redis/redis-keys.ts';
+import {
+  batchCompletionsKey, batchesKey, batchManifestKey, batchOutlinesKey, batchResultsKey, batchResultsVersionKey, batchSummaryCacheKey, batchSummaryKey, episodeRetryKey,
+} from '../redis/redis-keys.ts';
 import { summarize, type BatchSummary } from './batch-summary.ts';
 import { decodeOutline, encodeOutline, type ResultOutline } from './result-outline.ts';
 
@@ -27,13 +29,14 @@ const RETRY_MARK_TTL_SEC = 8 * 24 * 3600;
 /**
  * Record a result once, with its outline, and append it to the batch's completion stream in the same
  * step, so a reader of the stream never misses a recorded result nor sees one twice.
- * KEYS[1] results hash; KEYS[2] completions stream; KEYS[3] outlines hash; ARGV[1] episode id;
- * ARGV[2] result JSON; ARGV[3] status; ARGV[4] reward ('' when none); ARGV[5] the outline.
- * Returns the stream entry id, or false when it had a result.
+ * KEYS[1] results hash; KEYS[2] completions stream; KEYS[3] outlines hash; KEYS[4] results version;
+ * ARGV[1] episode id; ARGV[2] result JSON; ARGV[3] status; ARGV[4] reward ('' when none); ARGV[5] the
+ * outline. Returns the stream entry id, or false when it had a result.
  */
 const RECORD_RESULT = `
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return false end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
+redis.call('INCR', KEYS[4])
 return redis.call('XADD', KEYS[2], '*', 'episodeId', ARGV[1], 'status', ARGV[3], 'reward', ARGV[4])`;
 
 /** One entry of a batch's completion stream. */
@@ -47,16 +50,24 @@ export interface Completion {
 
 /**
  * Atomically: when the episode is marked for a retry, forget its result (and outline) and the mark.
- * KEYS[1] batch results hash; KEYS[2] retry mark; KEYS[3] outlines hash; ARGV[1] episode id.
- * Returns the result still recorded (JSON), or false when there is none (none recorded, or just forgotten).
+ * KEYS[1] batch results hash; KEYS[2] retry mark; KEYS[3] outlines hash; KEYS[4] results version;
+ * ARGV[1] episode id. Returns the result still recorded (JSON), or false when there is none (none
+ * recorded, or just forgotten).
  */
 const RESULT_UNLESS_RETRIED = `
 if redis.call('DEL', KEYS[2]) == 1 then
-  redis.call('HDEL', KEYS[1], ARGV[1])
+  if redis.call('HDEL', KEYS[1], ARGV[1]) == 1 then redis.call('INCR', KEYS[4]) end
   redis.call('HDEL', KEYS[3], ARGV[1])
   return false
 end
 return redis.call('HGET', KEYS[1], ARGV[1])`;
+
+interface SummaryCache {
+  /** The results version (a counter bumped with every result recorded or forgotten) and count it is of. */
+  version: string;
+  results: number;
+  summary: BatchSummary;
+}
 
 export class ResultsStore {
   constructor(
@@ -75,6 +86,14 @@ export class ResultsStore {
 
   private outlinesKey(batchId: string) {
     return batchOutlinesKey(this.prefix, batchId);
+  }
+
+  private versionKey(batchId: string) {
+    return batchResultsVersionKey(this.prefix, batchId);
+  }
+
+  private summaryCacheKey(batchId: string) {
+    return batchSummaryCacheKey(this.prefix, batchId);
   }
 
   private summaryKey(batchId: string) {
@@ -102,11 +121,32 @@ export class ResultsStore {
     return this.redis.zrevrange(this.batchesKey(), 0, Math.max(0, limit - 1));
   }
 
-  /** The summary as of now, computed from the results' outlines. */
+  /**
+   * The summary as of now: the one last computed while the batch's results are still those it was
+   * computed from (same version and count: a finished batch's status reads one small key), otherwise
+   * computed from the results' outlines and kept for the next reader.
+   */
   async summary(batchId: string): Promise<BatchSummary | undefined> {
+    const [[, exists], [, version], [, count], [, cached]] = (await this.redis
+      .multi()
+      .exists(this.manifestKey(batchId))
+      .get(this.versionKey(batchId))
+      .hlen(this.resultsKey(batchId))
+      .get(this.summaryCacheKey(batchId))
+      .exec()) as [[Error | null, number], [Error | null, string | null], [Error | null, number], [Error | null, string | null]];
+    if (exists !== 1) return undefined;
+    if (cached !== null) {
+      const c = JSON.parse(cached) as SummaryCache;
+      if (c.version === (version ?? '0') && c.results === count) return c.summary;
+    }
     const manifest = await this.getManifest(batchId);
     if (manifest === undefined) return undefined;
-    return summarize(batchId, manifest.episodeIds.length, await this.outlines(batchId, manifest));
+    const read = await this.readOutlines(batchId, manifest);
+    const summary = summarize(batchId, manifest.episodeIds.length, read.outlines);
+    const entry: SummaryCache = { version: read.version, results: read.count, summary };
+    // Only a cache: a reader that may not write (a read-only replica) still has its answer.
+    await this.redis.set(this.summaryCacheKey(batchId), JSON.stringify(entry)).catch(() => undefined);
+    return summary;
   }
 
   /** Compute the summary and store it (Redis and summary.json beside the results). */
@@ -132,7 +172,7 @@ export class ResultsStore {
   /** Record an episode's result; false (and nothing written) when it already had one. */
   async record(result: EpisodeResult): Promise<boolean> {
     const entry = await this.redis.eval(
-      RECORD_RESULT, 3, this.resultsKey(result.batchId), batchCompletionsKey(this.prefix, result.batchId), this.outlinesKey(result.batchId),
+      RECORD_RESULT, 4, this.resultsKey(result.batchId), batchCompletionsKey(this.prefix, result.batchId), this.outlinesKey(result.batchId), this.versionKey(result.batchId),
       result.episodeId, JSON.stringify(result), result.status, result.reward === null ? '' : String(result.reward), encodeOutline(result),
     );
     const first = entry === null ? 0 : 1;
@@ -174,7 +214,7 @@ export class ResultsStore {
    * retry by kind calls it too; whichever comes first forgets, the other finds nothing to do.
    */
   async resultUnlessRetried(batchId: string, episodeId: string): Promise<EpisodeResult | undefined> {
-    const raw = (await this.redis.eval(RESULT_UNLESS_RETRIED, 3, this.resultsKey(batchId), episodeRetryKey(this.prefix, episodeId), this.outlinesKey(batchId), episodeId)) as string | null;
+    const raw = (await this.redis.eval(RESULT_UNLESS_RETRIED, 4, this.resultsKey(batchId), episodeRetryKey(this.prefix, episodeId), this.outlinesKey(batchId), this.versionKey(batchId), episodeId)) as string | null;
     return raw === null ? undefined : EpisodeResult.parse(JSON.parse(raw));
   }
 
@@ -235,13 +275,21 @@ export class ResultsStore {
    */
   async outlines(batchId: string, manifest?: BatchManifest): Promise<ResultOutline[]> {
     const m = manifest ?? (await this.getManifest(batchId));
-    if (m === undefined) return this.results(batchId);
-    if (m.episodeIds.length === 0) return [];
+    return m === undefined ? this.results(batchId) : (await this.readOutlines(batchId, m)).outlines;
+  }
+
+  /** The outlines, with the results version and count they are of. */
+  private async readOutlines(batchId: string, m: BatchManifest): Promise<{ outlines: ResultOutline[]; version: string; count: number }> {
     // In one step, so the count and the outlines are of the same moment; HMGET in the manifest's order
     // (the ids passed as one array: a spread of 100,000 arguments can overflow the stack).
-    const replies = await this.redis.multi().hlen(this.resultsKey(batchId)).call('HMGET', [this.outlinesKey(batchId), ...m.episodeIds]).exec();
-    const [[countErr, count], [outlinesErr, stored]] = replies as [[Error | null, number], [Error | null, (string | null)[]]];
-    if (countErr || outlinesErr) throw countErr ?? outlinesErr;
+    const multi = this.redis.multi().get(this.versionKey(batchId)).hlen(this.resultsKey(batchId));
+    if (m.episodeIds.length > 0) multi.call('HMGET', [this.outlinesKey(batchId), ...m.episodeIds]);
+    const replies = (await multi.exec()) as [Error | null, unknown][];
+    const failed = replies.find(([err]) => err !== null);
+    if (failed) throw failed[0];
+    const version = (replies[0]![1] as string | null) ?? '0';
+    const count = replies[1]![1] as number;
+    const stored = (replies[2]?.[1] ?? []) as (string | null)[];
     const ids: string[] = [];
     const texts: string[] = [];
     for (let i = 0; i < stored.length; i++) {
@@ -249,10 +297,10 @@ export class ResultsStore {
       ids.push(m.episodeIds[i]!);
       texts.push(stored[i]!);
     }
-    if (texts.length !== count) return this.results(batchId, m);
+    if (texts.length !== count) return { outlines: await this.results(batchId, m), version, count };
     // One parse of them all: 100,000 small parses took several times as long.
     const parsed = JSON.parse(`[${texts.join(',')}]`) as unknown[];
-    return parsed.map((fields, i) => decodeOutline(ids[i]!, fields));
+    return { outlines: parsed.map((fields, i) => decodeOutline(ids[i]!, fields)), version, count };
   }
 
   resultFile(batchId: string, episodeId: string): string {

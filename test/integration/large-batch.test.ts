@@ -13,7 +13,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest
 import { BATCH_GATES_QUEUE, BATCHES_QUEUE } from '../../queues/batches/contract.ts';
 import { EPISODES_QUEUE, EpisodeJob, type EpisodeResult } from '../../queues/episodes/contract.ts';
 import { enqueueBatch, planBatch } from '../../src/producer/enqueue-batch.ts';
-import { batchOutlinesKey } from '../../src/redis/redis-keys.ts';
+import { batchOutlinesKey, batchResultsKey, batchSummaryCacheKey } from '../../src/redis/redis-keys.ts';
 import { summarize } from '../../src/results/batch-summary.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
 import { BIN, startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
@@ -191,6 +191,31 @@ describe('large batches', () => {
       expect(await env.results.resultUnlessRetried(batchId, id)).toBeUndefined();
       expect(await env.client.hexists(batchOutlinesKey(env.prefix, batchId), id)).toBe(0);
       expect((await env.results.outlines(batchId)).map((o) => o.episodeId)).not.toContain(id);
+      expect(JSON.stringify(await env.results.summary(batchId))).toBe(JSON.stringify(await expected()));
+    });
+
+    it('keep the summary computed for the next reader while the results are the same, and not after', async () => {
+      const cacheKey = batchSummaryCacheKey(env.prefix, batchId);
+      await env.client.del(cacheKey);
+      const computed = await env.results.summary(batchId);
+      const cached = JSON.parse((await env.client.get(cacheKey))!) as { summary: unknown };
+      expect(cached.summary).toEqual(computed);
+      // A summary planted in the cache is what a reader gets while nothing changed...
+      const plant = async () => env.client.set(cacheKey, JSON.stringify({ ...cached, summary: { ...computed, batchId: 'from-the-cache' } }));
+      await plant();
+      expect((await env.results.summary(batchId))?.batchId).toBe('from-the-cache');
+      // ...not once a result is recorded,
+      await env.results.record(result(ids.find((x) => x.endsWith('.t-a.2'))!, 5));
+      expect(JSON.stringify(await env.results.summary(batchId))).toBe(JSON.stringify(await expected()));
+      // nor forgotten,
+      await plant();
+      const retried = ids.find((x) => x.endsWith('.t-c.0'))!;
+      await env.results.markForRetry(retried);
+      await env.results.resultUnlessRetried(batchId, retried);
+      expect(JSON.stringify(await env.results.summary(batchId))).toBe(JSON.stringify(await expected()));
+      // nor taken away by a worker of an earlier version (which bumps no version: the count changes).
+      await plant();
+      await env.client.hdel(batchResultsKey(env.prefix, batchId), ids[0]!);
       expect(JSON.stringify(await env.results.summary(batchId))).toBe(JSON.stringify(await expected()));
     });
   });
