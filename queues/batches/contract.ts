@@ -5,6 +5,13 @@ import { z } from 'zod';
 
 export const BATCHES_QUEUE = 'batches';
 
+/**
+ * A batch larger than one enqueue chunk is added in chunks; until the last one is in, the parent also
+ * waits on its gate: a job of this queue (job id = batch id), which no worker reads and the producer
+ * removes once every episode is added, so the parent cannot run on a part of its batch.
+ */
+export const BATCH_GATES_QUEUE = 'batch-gates';
+
 export const BatchJob = z.strictObject({
   batchId: z.string().min(1),
   name: z.string().min(1),

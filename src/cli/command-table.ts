@@ -56,7 +56,7 @@ export const COMMANDS = {
     summary: 'run episodes (and cleanup, checkpoint writing) until SIGTERM',
     about: `Pulls episode jobs from REDIS_URL and runs each in its own Docker sandbox; SIGTERM or SIGINT
 drains it (running episodes are handed over) and it exits 0.`,
-    optionHelp: `  --concurrency N   episodes at once (default: FLEET_WORKER_CONCURRENCY)`,
+    optionHelp: `  --concurrency N   episodes at once, the ceiling when self-tuning (default: FLEET_WORKER_CONCURRENCY)`,
     options: WORKER_OPTIONS,
     allowPositionals: false,
     load: async () => (await import('./worker-command.ts')).workerCommand,

@@ -1,8 +1,8 @@
 // `rollout-fleet results <batch-id>`: every result of a batch recorded so far, as JSON lines, CSV or
-// trajectories, through the client.
+// trajectories, in the manifest's order, read and written a page at a time, through the client.
 import { parseArgs } from 'node:util';
 import { once } from 'node:events';
-import { resultsCsv } from '../results/results-csv.ts';
+import { csvHeader, csvRow } from '../results/results-csv.ts';
 import { cliClient } from './cli-client.ts';
 import { COMMANDS, RESULTS_OPTIONS, commandUsage } from './command-table.ts';
 import { UsageError, type Cli } from './context.ts';
@@ -16,15 +16,26 @@ export async function resultsCommand(cli: Cli, args: string[]): Promise<number> 
   }
   const client = await cliClient(cli);
   try {
-    const results = await client.resultsSoFar(batchId);
-    if (results === undefined) throw new UsageError(`no batch ${JSON.stringify(batchId)} in this Redis`);
+    const pages = await client.resultPages(batchId);
+    if (pages === undefined) throw new UsageError(`no batch ${JSON.stringify(batchId)} in this Redis`);
+    // A reader slower than the output (a pipe) holds back the next page, not the whole batch in memory.
+    const write = async (text: string) => {
+      if (!process.stdout.write(text)) await once(process.stdout, 'drain');
+    };
     if (values.format === 'trajectories') {
-      for await (const record of client.trajectories(results, AbortSignal.timeout(10 * 60_000))) {
-        if (!process.stdout.write(`${JSON.stringify(record)}\n`)) await once(process.stdout, 'drain');
+      const signal = AbortSignal.timeout(10 * 60_000);
+      for await (const page of pages) {
+        for await (const record of client.trajectories(page, signal)) {
+          await write(`${JSON.stringify(record)}\n`);
+        }
       }
       return 0;
     }
-    process.stdout.write(values.format === 'csv' ? resultsCsv(results) : results.map((r) => `${JSON.stringify(r)}\n`).join(''));
+    const csv = values.format === 'csv';
+    if (csv) await write(`${csvHeader()}\n`);
+    for await (const page of pages) {
+      await write(page.map((r) => `${csv ? csvRow(r) : JSON.stringify(r)}\n`).join(''));
+    }
     return 0;
   } finally {
     await client.close();

@@ -52,6 +52,12 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     workerId: config.FLEET_WORKER_ID,
     concurrency: positiveOption('concurrency', values.concurrency) ?? config.FLEET_WORKER_CONCURRENCY,
     sandboxPool: config.FLEET_SANDBOX_POOL,
+    admission: {
+      autotune: config.FLEET_WORKER_AUTOTUNE,
+      floor: config.FLEET_WORKER_CONCURRENCY_FLOOR,
+      maxSlowdown: config.FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN,
+      maxLoadPerCore: config.FLEET_WORKER_AUTOTUNE_MAX_LOAD_PER_CORE,
+    },
     callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS,
     outputCapBytes: config.FLEET_OUTPUT_CAP_BYTES,
     leaseTtlMs: config.FLEET_LEASE_TTL_MS,

@@ -36,6 +36,7 @@ import { ResultsStore } from '../results/results-store.ts';
 import { untilAborted } from '../deadlines/deadline.ts';
 import { RedisOutageLog } from '../redis/outage-log.ts';
 import { engineId } from '../sandbox/docker-client.ts';
+import { startAdmission, type AdmissionOptions, type AdmissionRunner } from '../worker/admission.ts';
 import { startHostFacts } from '../worker/host-facts.ts';
 import { startLease } from '../worker/lease.ts';
 import { SandboxPool } from '../sandbox/sandbox-pool.ts';
@@ -48,9 +49,17 @@ export interface WorkerOptions {
   docker: Docker;
   log: Logger;
   workerId: string;
+  /** Episodes at once; with autotune, the most at once (the ceiling of the allowance). */
   concurrency: number;
   /** Warm sandboxes kept ready per kind (src/sandbox/sandbox-pool.ts). @default 0: none */
   sandboxPool?: number;
+  /**
+   * Admission control (src/worker/admission.ts). With `autotune`, the worker runs between `floor` and
+   * `concurrency` episodes at once, as the engine's latency (and the host's load, when a limit is set)
+   * allows. Unset, or autotune false: a fixed `concurrency` (the engine's latency is still measured and
+   * reported). maxLatencyMs defaults to a tenth of callTimeoutMs.
+   */
+  admission?: { autotune: boolean } & Omit<AdmissionOptions, 'ceiling'>;
   callTimeoutMs: number;
   outputCapBytes: number;
   /** @default 15000 */
@@ -101,6 +110,10 @@ export interface CloseOutcome {
 export interface WorkerHandle {
   workerId: string;
   running: RunningEpisodes;
+  /** The admission controller: the allowance, the engine's latency as measured. */
+  admission: AdmissionRunner;
+  /** The episodes Worker's concurrency now (BullMQ's own setting, which the allowance drives). */
+  concurrency(): number;
   /**
    * Stop taking jobs; running episodes get the drain timeout, then go back to the queue. Settles within
    * drainTimeoutMs + closeGraceMs whatever Redis does: an episode whose stop and close take longer is
@@ -183,6 +196,14 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const control = new EpisodeControl(connection, prefix);
   const running = new RunningEpisodes();
   const lease = await startLease(connection, prefix, workerId, leaseTtlMs, log);
+  const admission = startAdmission({
+    ...opts.admission,
+    autotune: opts.admission?.autotune ?? false,
+    ceiling: opts.concurrency,
+    maxLatencyMs: opts.admission?.maxLatencyMs ?? Math.max(1, Math.round(opts.callTimeoutMs / 10)),
+    inUse: () => running.size,
+    log,
+  });
 
   // Cancel requests reach whichever worker runs the episode.
   await subscriber.subscribe(control.channel);
@@ -207,7 +228,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const hostFacts = startHostFacts({
     redis: connection, prefix, docker, workerId, concurrency: opts.concurrency, dataDir: opts.dataDir,
     ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: () => generation, log,
-    running: () => running.list(), poolReady: () => pool.readyCount,
+    running: () => running.list(), poolReady: () => pool.readyCount, admission: () => admission.snapshot(),
   });
   running.onChange(hostFacts.touch);
   const episodeDeps: EpisodeProcessorDeps = {
@@ -243,8 +264,9 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const episodes = new Worker(
     EPISODES_QUEUE,
     episodeProcessor(episodeDeps),
-    { ...workerOpts, concurrency: opts.concurrency, maxStalledCount, settings: { backoffStrategy: episodeBackoffMs } },
+    { ...workerOpts, concurrency: admission.allowance, maxStalledCount, settings: { backoffStrategy: episodeBackoffMs } },
   );
+  admission.attach(episodes);
   const cleanup = new Worker(
     CLEANUP_QUEUE,
     cleanupProcessor({
@@ -262,11 +284,13 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
 
   for (const w of [episodes, cleanup, batches]) w.on('error', outages.listener(`${w.name}-worker`, 'worker error', 'error'));
   episodes.on('failed', episodeFailedListener(episodeDeps));
-  log.info({ workerId, concurrency: opts.concurrency }, 'worker started');
+  log.info({ workerId, concurrency: opts.concurrency, autotune: admission.autotune, allowance: admission.allowance }, 'worker started');
 
   return {
     workerId,
     running,
+    admission,
+    concurrency: () => episodes.concurrency,
     async close() {
       // One deadline for the whole close: a Redis that does not answer (down, or back without our
       // keys) must not keep a stopping worker alive, so every step is raced against it.
@@ -289,6 +313,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       }, drainTimeoutMs);
       await step('episodes worker', () => episodes.close());
       clearTimeout(timer);
+      admission.stop();
       // Counted before the connections go: an episode still here could not be handed back.
       const notHandedBack = running.size;
       // The pool's warm sandboxes go with the worker (none is claimed any more).

@@ -171,6 +171,15 @@ export class FleetClient {
     return this.store.results(batchId);
   }
 
+  /**
+   * Every result of the batch recorded so far, in the manifest's order, a page at a time (a reader of
+   * 100,000 results holds one page, not all); undefined for an unknown batch.
+   */
+  async resultPages(batchId: string, pageSize?: number): Promise<AsyncGenerator<EpisodeResult[]> | undefined> {
+    const manifest = await this.store.getManifest(batchId);
+    return manifest === undefined ? undefined : this.store.resultPages(batchId, manifest, pageSize);
+  }
+
   /** The trajectory document of each result, read one at a time from the artifact store. */
   async *trajectories(results: readonly EpisodeResult[], signal: AbortSignal): AsyncGenerator<TrajectoryRecord> {
     const { trajectoryRecords } = await import('../results/trajectory-export.ts');

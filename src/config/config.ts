@@ -38,13 +38,31 @@ export const FleetConfig = z.object({
     .default('unix:///var/run/docker.sock'),
   /** Deadline of every single Docker API call (exec runs have their own). @default 30000 */
   FLEET_DOCKER_CALL_TIMEOUT_MS: positiveInt.default(30_000),
-  /** Episodes one worker process runs at once. @default 2 */
+  /** Episodes one worker process runs at once; with FLEET_WORKER_AUTOTUNE, the most it runs at once. @default 2 */
   FLEET_WORKER_CONCURRENCY: positiveInt.default(2),
   /**
    * Warm sandboxes each worker keeps ready per kind (image, limits, runtime generation), created ahead
    * so an episode's set-up claims a running one; 0 turns the pool off. @default 1
    */
   FLEET_SANDBOX_POOL: z.coerce.number().int().min(0).max(64).default(1),
+  /**
+   * Self-tuning concurrency: the worker runs between FLEET_WORKER_CONCURRENCY_FLOOR and
+   * FLEET_WORKER_CONCURRENCY episodes at once, fewer while the Docker engine's latency says it is
+   * overloaded (src/worker/admission.ts). false: always FLEET_WORKER_CONCURRENCY. @default true
+   */
+  FLEET_WORKER_AUTOTUNE: z.stringbool().default(true),
+  /** The fewest episodes at once self-tuning may go down to (capped at FLEET_WORKER_CONCURRENCY). @default 1 */
+  FLEET_WORKER_CONCURRENCY_FLOOR: positiveInt.default(1),
+  /**
+   * Self-tuning: the engine counts as overloaded when its calls take more than this many times as long
+   * as at the least load seen (their time over their baselines', over the last two windows). @default 6
+   */
+  FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN: z.coerce.number().gt(1).default(6),
+  /**
+   * Self-tuning: the host counts as overloaded while its 1-minute load average per core is above this.
+   * Unset: the load is not used (on a host shared with other work it says little about the engine).
+   */
+  FLEET_WORKER_AUTOTUNE_MAX_LOAD_PER_CORE: z.coerce.number().positive().optional(),
   /** Cap of each captured output stream (agent, verifier) kept as evidence. @default 1048576 */
   FLEET_OUTPUT_CAP_BYTES: positiveInt.default(1024 * 1024),
   /** Name of this worker in labels and logs. @default <hostname>-<pid> */

@@ -88,7 +88,8 @@ export function batchPages(opts: BatchPagesOptions): Router {
       res.status(404).type('html').send(notFoundPage(`No batch ${req.params.batchId}.`, links).value);
       return;
     }
-    const all = await results.results(manifest.batchId);
+    // The outlines (status, reward, timings, worker...) are all the page shows of each result.
+    const all = await results.outlines(manifest.batchId, manifest);
     const summary = summarize(manifest.batchId, manifest.episodeIds.length, all);
     if (!summary.finished) await rates.refresh([manifest.batchId]);
     const lastCompletionMs = summary.finished ? await rates.lastCompletionMs(manifest.batchId) : undefined;

@@ -4,6 +4,7 @@ import { EpisodeStatus, type EpisodeResult } from '../../queues/episodes/contrac
 import { FAILURE_KINDS, type FailureKind } from '../errors/failure-kind.ts';
 import type { BatchManifest } from '../results/results-store.ts';
 import type { BatchSummary } from '../results/batch-summary.ts';
+import type { ResultOutline } from '../results/result-outline.ts';
 import { phaseTimings, rewardHistogram, taskStats, timelineBins } from './batch-stats.ts';
 import type { EvidenceFile } from './evidence-files.ts';
 import { SafeHtml, html } from './html.ts';
@@ -113,7 +114,7 @@ export function filterHref(batchId: string, filter: Omit<EpisodeFilter, 'page'> 
 export interface BatchPageData {
   manifest: BatchManifest;
   summary: BatchSummary;
-  results: readonly EpisodeResult[];
+  results: readonly ResultOutline[];
   filter?: EpisodeFilter;
   /** Episodes finished per minute lately (see BatchRow), and the time left at that rate. */
   perMinute?: number | null;
@@ -137,9 +138,13 @@ export function batchPage(data: BatchPageData, links: Links): SafeHtml {
   const ks = Object.keys(summary.passAt).map(Number).sort((a, b) => a - b);
   const tasks = taskStats(results, ks);
   const createdMs = Date.parse(manifest.createdAt);
-  const endMs = summary.finished
-    ? Math.max(createdMs + 1, ...results.map((r) => Date.parse(r.endedAt)).filter((t) => !Number.isNaN(t)))
-    : (data.nowMs ?? Date.now());
+  // The last episode's end (a loop: spreading 100,000 values into Math.max overflows the stack).
+  let lastEndMs = createdMs + 1;
+  for (const r of results) {
+    const t = r.endedAt === undefined ? Number.NaN : Date.parse(r.endedAt);
+    if (t > lastEndMs) lastEndMs = t;
+  }
+  const endMs = summary.finished ? lastEndMs : (data.nowMs ?? Date.now());
   const timeline = timelineBins(results, createdMs, endMs);
 
   // The episodes the filter selects, in the manifest's order; one page of them is listed.

@@ -8,6 +8,7 @@ import type { Queue } from 'bullmq';
 import express, { type ErrorRequestHandler, type Express, type RequestHandler } from 'express';
 import type { Redis } from 'ioredis';
 import { countLeases } from '../worker/lease.ts';
+import { readHostFacts } from '../worker/host-facts.ts';
 import type { Logger } from 'pino';
 import { BATCHES_QUEUE } from '../../queues/batches/contract.ts';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
@@ -89,6 +90,7 @@ export function createDashboardApp(opts: DashboardOptions): DashboardApp {
     activeLeases: () => countLeases(redis, prefix),
     reapedSandboxes: async () => Number((await redis.get(reapedCountKey(prefix))) ?? 0),
     modelEndpoints: () => readEndpointLimitMetrics(redis, prefix),
+    workers: () => readHostFacts(redis, prefix),
   });
 
   const app = express();

@@ -2,7 +2,9 @@
 // and phase durations (both observed from the results store), queue depths per queue and state, and
 // the workers connected to each queue, and the fleet-wide limits of each model endpoint (in flight,
 // waiting, 429s, tokens of the last minute, allowance factor; labelled by the endpoint's short hash and
-// host). Every number is read from Redis; nothing is a placeholder.
+// host), and each live worker's admission control (its concurrency allowance, ceiling, episodes
+// running, the engine latency it measured; from the facts workers report). Every number is read from
+// Redis; nothing is a placeholder.
 //
 // Results are ingested incrementally: each scrape reads only batches that were not yet complete when
 // last seen, observes the results it has not seen, and forgets a batch once all its episodes were
@@ -13,6 +15,7 @@ import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
 import type { EndpointLimitMetrics } from '../model/fleet-limits.ts';
 import type { ResultsStore } from '../results/results-store.ts';
+import type { WorkerFacts } from '../worker/host-facts.ts';
 import { PHASES } from './batch-stats.ts';
 
 /** Queue states reported as depths (finished jobs are kept for a while, so they count too). */
@@ -27,6 +30,8 @@ export interface FleetMetricsOptions {
   reapedSandboxes: () => Promise<number>;
   /** Each model endpoint's fleet-wide limit numbers, as kept in Redis (readEndpointLimitMetrics). Unset: not reported. */
   modelEndpoints?: () => Promise<EndpointLimitMetrics[]>;
+  /** The facts every live worker reports (readHostFacts). Unset: no per-worker metrics. */
+  workers?: () => Promise<WorkerFacts[]>;
   /** How many of the newest batches the first scrape reads. @default 1000 */
   backfillBatches?: number;
 }
@@ -135,6 +140,36 @@ export function createFleetMetrics(opts: FleetMetricsOptions): FleetMetrics {
     endpointGauge('rollout_fleet_model_endpoint_tokens_last_minute', 'Tokens the model endpoint\'s answers used in the last minute, fleet-wide', (m) => m.tokensLastMinute);
     endpointGauge('rollout_fleet_model_endpoint_allowance_factor', 'Adaptive share (0.1 to 1) of the configured requests per minute and concurrency now allowed, cut by 429s and 503s', (m) => m.allowanceFactor);
     endpointGauge('rollout_fleet_model_endpoint_paused_seconds', 'Seconds the model endpoint\'s turns are still paused by a Retry-After', (m) => m.pausedMs / 1000);
+  }
+
+  if (opts.workers !== undefined) {
+    const read = opts.workers;
+    let reading: Promise<WorkerFacts[]> | undefined;
+    const workers = () => {
+      reading ??= read().finally(() => setImmediate(() => (reading = undefined)));
+      return reading;
+    };
+    const workerGauge = (name: string, help: string, value: (w: WorkerFacts) => number | undefined) =>
+      new Gauge({
+        name,
+        help,
+        labelNames: ['worker', 'host'] as const,
+        registers: [registry],
+        async collect() {
+          this.reset();
+          for (const w of await workers()) {
+            const v = value(w);
+            if (v !== undefined) this.set({ worker: w.workerId, host: w.host }, v);
+          }
+        },
+      });
+    workerGauge('rollout_fleet_worker_concurrency_allowance', 'Episodes the worker may run at once now: set by self-tuning (FLEET_WORKER_AUTOTUNE) between its floor and its configured concurrency, else the configured concurrency', (w) => w.admission?.allowance ?? w.concurrency);
+    workerGauge('rollout_fleet_worker_concurrency_ceiling', 'The worker\'s configured concurrency (FLEET_WORKER_CONCURRENCY or --concurrency): the most its allowance may reach', (w) => w.concurrency);
+    workerGauge('rollout_fleet_worker_episodes_running', 'Episodes the worker was running at its last report', (w) => w.admission?.inUse);
+    workerGauge('rollout_fleet_worker_engine_latency_p50_seconds', 'Median latency of the worker\'s engine calls (create, start and restart container, create, start and inspect exec, inspect container) in its last window that had some', (w) => w.admission?.engineP50Ms === undefined ? undefined : w.admission.engineP50Ms / 1000);
+    workerGauge('rollout_fleet_worker_engine_latency_p90_seconds', 'p90 latency of the worker\'s engine calls in its last window that had some', (w) => w.admission?.engineP90Ms === undefined ? undefined : w.admission.engineP90Ms / 1000);
+    workerGauge('rollout_fleet_worker_engine_slowdown', 'Time the worker\'s engine calls took over what they took at the least load seen, in its last windows that had some', (w) => w.admission?.engineSlowdown);
+    workerGauge('rollout_fleet_worker_load_per_core', 'The worker host\'s 1-minute load average per core, at the worker\'s last window', (w) => w.admission?.loadPerCore);
   }
 
   const observe = (r: EpisodeResult) => {

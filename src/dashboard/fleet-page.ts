@@ -100,7 +100,8 @@ export async function readFleet(deps: FleetDeps): Promise<FleetView> {
         cells: [
           f.host, short(f.engineId), f.workerId, String(f.pid),
           leaseMs >= 0 ? { text: `${(leaseMs / 1000).toFixed(1)} s left`, cls: 'lease' } : { text: 'missing', cls: 'error' },
-          inUse === undefined ? '?' : `${inUse}/${f.concurrency}`,
+          // Self-tuning: in use / allowed now, then the configured most.
+          inUse === undefined ? '?' : f.admission?.autotune ? `${inUse}/${f.admission.allowance} (of ${f.concurrency})` : `${inUse}/${f.concurrency}`,
           inUse === undefined ? '' : { text: '', meter: { value: inUse, max: Math.max(1, f.concurrency) } },
           f.poolReady === undefined ? '-' : String(f.poolReady),
           short(f.runtimeGeneration) === '-' ? 'not yet' : short(f.runtimeGeneration),

@@ -1,5 +1,5 @@
 // /hosts: the fleet by host, from the facts every live worker reports to Redis (host-facts.ts): its
-// workers, engine, runtime generation, images and free disk. /hosts.json gives the same as JSON.
+// workers (with their concurrency allowance), engine, runtime generation, images and free disk. /hosts.json gives the same as JSON.
 import { Router } from 'express';
 import type { Redis } from 'ioredis';
 import { readHostFacts, type WorkerFacts } from '../worker/host-facts.ts';
@@ -21,7 +21,7 @@ export function hostsPage(opts: { redis: Redis; prefix: string; links: Links }):
       ? html`<p>No live worker reports its facts.</p>`
       : html`${[...byHost.entries()].map(([host, workers]) => html`<h2>${host}</h2>
 <table><tr><th>worker</th><th>pid</th><th>concurrency</th><th>runtime generation</th><th>images</th><th>free disk</th><th>reported</th></tr>
-${workers.map((w) => html`<tr><td>${w.workerId}</td><td>${w.pid}</td><td>${w.concurrency}</td><td>${w.runtimeGeneration?.slice(0, 12) ?? 'not yet'}</td><td>${w.images.filter((i) => !i.startsWith('sha256:')).join(', ')}</td><td>${gib(w.freeDiskBytes)}</td><td>${w.reportedAt}</td></tr>`)}
+${workers.map((w) => html`<tr><td>${w.workerId}</td><td>${w.pid}</td><td>${w.admission?.autotune ? `${w.admission.allowance} of ${w.concurrency} (self-tuning)` : w.concurrency}</td><td>${w.runtimeGeneration?.slice(0, 12) ?? 'not yet'}</td><td>${w.images.filter((i) => !i.startsWith('sha256:')).join(', ')}</td><td>${gib(w.freeDiskBytes)}</td><td>${w.reportedAt}</td></tr>`)}
 </table>`)}`;
     res.type('html').send(layout('Hosts', opts.links, body).value);
   });

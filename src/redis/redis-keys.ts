@@ -76,6 +76,21 @@ export const batchResultsKey = (prefix: string, batchId: string) => `${prefix}:b
  */
 export const batchCompletionsKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:completions`;
 
+/**
+ * Hash: episode id -> the outline of its result (a JSON array: what the summary and the batch page
+ * read, see results-store.ts), written and removed with the result in the same step.
+ */
+export const batchOutlinesKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:outlines`;
+
+/** Counter: bumped in the same step as every change of the batch's results (one recorded, one forgotten). */
+export const batchResultsVersionKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:version`;
+
+/**
+ * String: the summary last computed, with the results version and count it was computed at (JSON
+ * `{version, results, summary}`); it is the batch's summary while both are still those.
+ */
+export const batchSummaryCacheKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:summary-cache`;
+
 /** String: the batch summary, stored once its last episode ended. */
 export const batchSummaryKey = (prefix: string, batchId: string) => `${prefix}:batch:${batchId}:summary`;
 

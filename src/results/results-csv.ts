@@ -30,8 +30,18 @@ function cell(value: unknown): string {
   return /[",\n\r]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
 }
 
+/** The header line, without its newline. */
+export function csvHeader(): string {
+  return COLUMNS.map(([name]) => name).join(',');
+}
+
+/** One result's row, without its newline. */
+export function csvRow(r: EpisodeResult): string {
+  return COLUMNS.map(([, get]) => cell(get(r))).join(',');
+}
+
 export function resultsCsv(results: readonly EpisodeResult[]): string {
-  const rows = [COLUMNS.map(([name]) => name).join(',')];
-  for (const r of results) rows.push(COLUMNS.map(([, get]) => cell(get(r))).join(','));
+  const rows = [csvHeader()];
+  for (const r of results) rows.push(csvRow(r));
   return `${rows.join('\n')}\n`;
 }

@@ -8,8 +8,11 @@ import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { EpisodeResult } from '../../queues/episodes/contract.ts';
 import { writeFileAtomic } from '../files/atomic-write.ts';
-import { batchCompletionsKey, batchesKey, batchManifestKey, batchResultsKey, batchSummaryKey, episodeRetryKey } from '../redis/redis-keys.ts';
+import {
+  batchCompletionsKey, batchesKey, batchManifestKey, batchOutlinesKey, batchResultsKey, batchResultsVersionKey, batchSummaryCacheKey, batchSummaryKey, episodeRetryKey,
+} from '../redis/redis-keys.ts';
 import { summarize, type BatchSummary } from './batch-summary.ts';
+import { decodeOutline, encodeOutline, type ResultOutline } from './result-outline.ts';
 
 export const BatchManifest = z.object({
   batchId: z.string(),
@@ -24,18 +27,16 @@ export type BatchManifest = z.infer<typeof BatchManifest>;
 const RETRY_MARK_TTL_SEC = 8 * 24 * 3600;
 
 /**
- * Atomically: when the episode is marked for a retry, forget its result and the mark.
- * KEYS[1] batch results hash; KEYS[2] retry mark; ARGV[1] episode id.
- * Returns the result still recorded (JSON), or false when there is none (none recorded, or just forgotten).
- */
-/**
- * Record a result once, and append it to the batch's completion stream in the same step, so a reader of
- * the stream never misses a recorded result nor sees one twice.
- * KEYS[1] results hash; KEYS[2] completions stream; ARGV[1] episode id; ARGV[2] result JSON;
- * ARGV[3] status; ARGV[4] reward ('' when none). Returns the stream entry id, or false when it had a result.
+ * Record a result once, with its outline, and append it to the batch's completion stream in the same
+ * step, so a reader of the stream never misses a recorded result nor sees one twice.
+ * KEYS[1] results hash; KEYS[2] completions stream; KEYS[3] outlines hash; KEYS[4] results version;
+ * ARGV[1] episode id; ARGV[2] result JSON; ARGV[3] status; ARGV[4] reward ('' when none); ARGV[5] the
+ * outline. Returns the stream entry id, or false when it had a result.
  */
 const RECORD_RESULT = `
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return false end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
+redis.call('INCR', KEYS[4])
 return redis.call('XADD', KEYS[2], '*', 'episodeId', ARGV[1], 'status', ARGV[3], 'reward', ARGV[4])`;
 
 /** One entry of a batch's completion stream. */
@@ -47,12 +48,26 @@ export interface Completion {
   reward: number | null;
 }
 
+/**
+ * Atomically: when the episode is marked for a retry, forget its result (and outline) and the mark.
+ * KEYS[1] batch results hash; KEYS[2] retry mark; KEYS[3] outlines hash; KEYS[4] results version;
+ * ARGV[1] episode id. Returns the result still recorded (JSON), or false when there is none (none
+ * recorded, or just forgotten).
+ */
 const RESULT_UNLESS_RETRIED = `
 if redis.call('DEL', KEYS[2]) == 1 then
-  redis.call('HDEL', KEYS[1], ARGV[1])
+  if redis.call('HDEL', KEYS[1], ARGV[1]) == 1 then redis.call('INCR', KEYS[4]) end
+  redis.call('HDEL', KEYS[3], ARGV[1])
   return false
 end
 return redis.call('HGET', KEYS[1], ARGV[1])`;
+
+interface SummaryCache {
+  /** The results version (a counter bumped with every result recorded or forgotten) and count it is of. */
+  version: string;
+  results: number;
+  summary: BatchSummary;
+}
 
 export class ResultsStore {
   constructor(
@@ -67,6 +82,18 @@ export class ResultsStore {
 
   private resultsKey(batchId: string) {
     return batchResultsKey(this.prefix, batchId);
+  }
+
+  private outlinesKey(batchId: string) {
+    return batchOutlinesKey(this.prefix, batchId);
+  }
+
+  private versionKey(batchId: string) {
+    return batchResultsVersionKey(this.prefix, batchId);
+  }
+
+  private summaryCacheKey(batchId: string) {
+    return batchSummaryCacheKey(this.prefix, batchId);
   }
 
   private summaryKey(batchId: string) {
@@ -94,11 +121,32 @@ export class ResultsStore {
     return this.redis.zrevrange(this.batchesKey(), 0, Math.max(0, limit - 1));
   }
 
-  /** The summary as of now, computed from the results. */
+  /**
+   * The summary as of now: the one last computed while the batch's results are still those it was
+   * computed from (same version and count: a finished batch's status reads one small key), otherwise
+   * computed from the results' outlines and kept for the next reader.
+   */
   async summary(batchId: string): Promise<BatchSummary | undefined> {
+    const [[, exists], [, version], [, count], [, cached]] = (await this.redis
+      .multi()
+      .exists(this.manifestKey(batchId))
+      .get(this.versionKey(batchId))
+      .hlen(this.resultsKey(batchId))
+      .get(this.summaryCacheKey(batchId))
+      .exec()) as [[Error | null, number], [Error | null, string | null], [Error | null, number], [Error | null, string | null]];
+    if (exists !== 1) return undefined;
+    if (cached !== null) {
+      const c = JSON.parse(cached) as SummaryCache;
+      if (c.version === (version ?? '0') && c.results === count) return c.summary;
+    }
     const manifest = await this.getManifest(batchId);
     if (manifest === undefined) return undefined;
-    return summarize(batchId, manifest.episodeIds.length, await this.results(batchId));
+    const read = await this.readOutlines(batchId, manifest);
+    const summary = summarize(batchId, manifest.episodeIds.length, read.outlines);
+    const entry: SummaryCache = { version: read.version, results: read.count, summary };
+    // Only a cache: a reader that may not write (a read-only replica) still has its answer.
+    await this.redis.set(this.summaryCacheKey(batchId), JSON.stringify(entry)).catch(() => undefined);
+    return summary;
   }
 
   /** Compute the summary and store it (Redis and summary.json beside the results). */
@@ -124,8 +172,8 @@ export class ResultsStore {
   /** Record an episode's result; false (and nothing written) when it already had one. */
   async record(result: EpisodeResult): Promise<boolean> {
     const entry = await this.redis.eval(
-      RECORD_RESULT, 2, this.resultsKey(result.batchId), batchCompletionsKey(this.prefix, result.batchId),
-      result.episodeId, JSON.stringify(result), result.status, result.reward === null ? '' : String(result.reward),
+      RECORD_RESULT, 4, this.resultsKey(result.batchId), batchCompletionsKey(this.prefix, result.batchId), this.outlinesKey(result.batchId), this.versionKey(result.batchId),
+      result.episodeId, JSON.stringify(result), result.status, result.reward === null ? '' : String(result.reward), encodeOutline(result),
     );
     const first = entry === null ? 0 : 1;
     if (first === 1) {
@@ -166,7 +214,7 @@ export class ResultsStore {
    * retry by kind calls it too; whichever comes first forgets, the other finds nothing to do.
    */
   async resultUnlessRetried(batchId: string, episodeId: string): Promise<EpisodeResult | undefined> {
-    const raw = (await this.redis.eval(RESULT_UNLESS_RETRIED, 2, this.resultsKey(batchId), episodeRetryKey(this.prefix, episodeId), episodeId)) as string | null;
+    const raw = (await this.redis.eval(RESULT_UNLESS_RETRIED, 4, this.resultsKey(batchId), episodeRetryKey(this.prefix, episodeId), this.outlinesKey(batchId), this.versionKey(batchId), episodeId)) as string | null;
     return raw === null ? undefined : EpisodeResult.parse(JSON.parse(raw));
   }
 
@@ -194,11 +242,65 @@ export class ResultsStore {
   }
 
   /** The results recorded so far, in the manifest's order. */
-  async results(batchId: string): Promise<EpisodeResult[]> {
+  async results(batchId: string, manifest?: BatchManifest): Promise<EpisodeResult[]> {
     const all = await this.redis.hgetall(this.resultsKey(batchId));
-    const manifest = await this.getManifest(batchId);
-    const order = manifest?.episodeIds ?? Object.keys(all).sort();
+    const order = (manifest ?? (await this.getManifest(batchId)))?.episodeIds ?? Object.keys(all).sort();
     return order.flatMap((id) => (all[id] === undefined ? [] : [EpisodeResult.parse(JSON.parse(all[id]))]));
+  }
+
+  /**
+   * The results recorded so far, in the manifest's order, a page at a time (HMGET of `pageSize`
+   * episodes), so a reader of 100,000 results holds a page of them, not all.
+   */
+  async *resultPages(batchId: string, manifest: BatchManifest, pageSize = 1_000): AsyncGenerator<EpisodeResult[]> {
+    const ids = manifest.episodeIds;
+    const read = (from: number) => {
+      const page = this.redis.hmget(this.resultsKey(batchId), ...ids.slice(from, from + pageSize));
+      page.catch(() => undefined); // awaited below, unless the reader stops first
+      return page;
+    };
+    // The next page is on its way while this one is parsed and written.
+    let next = ids.length > 0 ? read(0) : undefined;
+    for (let i = 0; next !== undefined; i += pageSize) {
+      const raw = await next;
+      next = i + pageSize < ids.length ? read(i + pageSize) : undefined;
+      yield raw.flatMap((r) => (r === null ? [] : [EpisodeResult.parse(JSON.parse(r))]));
+    }
+  }
+
+  /**
+   * The outlines of the results recorded so far, in the manifest's order: what the summary and the
+   * batch page read. From the outlines hash when it holds one per result; otherwise (results recorded
+   * before outlines were kept) from the results themselves.
+   */
+  async outlines(batchId: string, manifest?: BatchManifest): Promise<ResultOutline[]> {
+    const m = manifest ?? (await this.getManifest(batchId));
+    return m === undefined ? this.results(batchId) : (await this.readOutlines(batchId, m)).outlines;
+  }
+
+  /** The outlines, with the results version and count they are of. */
+  private async readOutlines(batchId: string, m: BatchManifest): Promise<{ outlines: ResultOutline[]; version: string; count: number }> {
+    // In one step, so the count and the outlines are of the same moment; HMGET in the manifest's order
+    // (the ids passed as one array: a spread of 100,000 arguments can overflow the stack).
+    const multi = this.redis.multi().get(this.versionKey(batchId)).hlen(this.resultsKey(batchId));
+    if (m.episodeIds.length > 0) multi.call('HMGET', [this.outlinesKey(batchId), ...m.episodeIds]);
+    const replies = (await multi.exec()) as [Error | null, unknown][];
+    const failed = replies.find(([err]) => err !== null);
+    if (failed) throw failed[0];
+    const version = (replies[0]![1] as string | null) ?? '0';
+    const count = replies[1]![1] as number;
+    const stored = (replies[2]?.[1] ?? []) as (string | null)[];
+    const ids: string[] = [];
+    const texts: string[] = [];
+    for (let i = 0; i < stored.length; i++) {
+      if (stored[i] === null) continue;
+      ids.push(m.episodeIds[i]!);
+      texts.push(stored[i]!);
+    }
+    if (texts.length !== count) return { outlines: await this.results(batchId, m), version, count };
+    // One parse of them all: 100,000 small parses took several times as long.
+    const parsed = JSON.parse(`[${texts.join(',')}]`) as unknown[];
+    return { outlines: parsed.map((fields, i) => decodeOutline(ids[i]!, fields)), version, count };
   }
 
   resultFile(batchId: string, episodeId: string): string {

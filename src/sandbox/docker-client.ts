@@ -50,6 +50,40 @@ export function dockerError(what: string, err: unknown): FleetError {
   return new FleetError('docker_error', `${what}: ${detail}`, { cause: err });
 }
 
+/** One finished Docker call, as observers see it. */
+export interface DockerCallSample {
+  /** The call's name, as given to dockerCall ('create container', 'create exec', ...). */
+  what: string;
+  /** From the call to its settling (or to its deadline), in ms. */
+  ms: number;
+  /** ok: answered; timeout: no answer by its deadline; aborted: the caller gave up first; error: any other failure. */
+  outcome: 'ok' | 'timeout' | 'aborted' | 'error';
+}
+
+export type DockerCallObserver = (sample: DockerCallSample) => void;
+
+const observers = new Set<DockerCallObserver>();
+
+/**
+ * Be told of every Docker call this process makes through dockerCall, once it settles (the engine's
+ * latency, for the worker's admission control). Process-wide: several workers in one process see each
+ * other's calls (they share the engine). Returns the function that stops observing.
+ */
+export function observeDockerCalls(observer: DockerCallObserver): () => void {
+  observers.add(observer);
+  return () => observers.delete(observer);
+}
+
+function notify(sample: DockerCallSample): void {
+  for (const observer of observers) {
+    try {
+      observer(sample);
+    } catch {
+      // An observer's bug must not fail the call it watched.
+    }
+  }
+}
+
 /**
  * Run one Docker call under a deadline: the call gets an AbortSignal that fires at the deadline or
  * when the caller's signal aborts, and the promise settles by then even if the engine never answers.
@@ -61,10 +95,18 @@ export async function dockerCall<T>(
 ): Promise<T> {
   const deadline = AbortSignal.timeout(opts.timeoutMs);
   const signal = opts.signal ? AbortSignal.any([opts.signal, deadline]) : deadline;
+  // Timed only while someone observes (a call started before the first observer is not reported).
+  const started = observers.size > 0 ? performance.now() : undefined;
+  const observed = (outcome: DockerCallSample['outcome']) => {
+    if (started !== undefined) notify({ what, ms: performance.now() - started, outcome });
+  };
   try {
     signal.throwIfAborted();
-    return await untilAborted(call(signal), signal);
+    const result = await untilAborted(call(signal), signal);
+    observed('ok');
+    return result;
   } catch (err) {
+    observed(opts.signal?.aborted ? 'aborted' : deadline.aborted ? 'timeout' : 'error');
     // A caller that aborts with a reason of its own (a phase deadline, a cancellation) gets it back.
     if (opts.signal?.aborted && (opts.signal.reason instanceof FleetError || opts.signal.reason instanceof EpisodeStop)) throw opts.signal.reason;
     throw dockerError(what, err);

@@ -1,8 +1,9 @@
 // Per-host facts in one place: each worker reports, every few seconds and with a TTL (a dead worker's
 // facts vanish with it), its host name, Docker engine id, runtime generation, the images its engine
-// has and the free disk of its data folder; and the episodes it runs (phase, start) and its warm
-// sandboxes, also reported within a moment of changing (touch). The dashboard shows the fleet by host
-// from these; enqueue checks that some live host has each task's image.
+// has, the free disk of its data folder, its admission control (allowance, engine latency); and the
+// episodes it runs (phase, start) and its warm sandboxes, also reported within a moment of changing
+// (touch). The dashboard shows the fleet by host from these; enqueue checks that some live host has
+// each task's image.
 import { statfs } from 'node:fs/promises';
 import os from 'node:os';
 import type { Redis } from 'ioredis';
@@ -11,6 +12,7 @@ import { z } from 'zod';
 import { workerFactsKey } from '../redis/redis-keys.ts';
 import { dockerCall, engineId, type Docker } from '../sandbox/docker-client.ts';
 import { EPISODE_PHASES, type RunningEpisode } from '../episode/running-episodes.ts';
+import type { AdmissionSnapshot } from './admission.ts';
 
 export const RunningEpisodeFacts = z.object({
   episodeId: z.string(),
@@ -22,12 +24,36 @@ export const RunningEpisodeFacts = z.object({
 });
 export type RunningEpisodeFacts = z.infer<typeof RunningEpisodeFacts>;
 
+/** A worker's admission control as reported (src/worker/admission.ts): numbers of its last window. */
+export const AdmissionFacts = z.object({
+  autotune: z.boolean(),
+  /** Episodes it may run at once now. */
+  allowance: z.number().int(),
+  floor: z.number().int(),
+  /** Episodes running at the last sample. */
+  inUse: z.number().int(),
+  increases: z.number().int(),
+  decreases: z.number().int(),
+  /** p50 and p90 latency of the watched engine calls in the last window that had some, in ms. */
+  engineP50Ms: z.number().optional(),
+  engineP90Ms: z.number().optional(),
+  /** The watched calls' time over their baselines' (their latency at the least load seen), in the same window. */
+  engineSlowdown: z.number().optional(),
+  /** Docker calls that timed out in the last window. */
+  engineTimeouts: z.number().int(),
+  loadPerCore: z.number().optional(),
+});
+export type AdmissionFacts = z.infer<typeof AdmissionFacts>;
+
 export const WorkerFacts = z.object({
   workerId: z.string(),
   host: z.string(),
   engineId: z.string(),
   pid: z.number().int(),
+  /** Configured concurrency (with autotune, the ceiling of the allowance). */
   concurrency: z.number().int(),
+  /** Absent from workers of versions without it. */
+  admission: AdmissionFacts.optional(),
   /** The runtime generation prepared on this engine, once it is. */
   runtimeGeneration: z.string().optional(),
   /** Image references (repo:tag) and ids the engine has. */
@@ -57,9 +83,22 @@ export interface HostFactsOptions {
   running?: () => RunningEpisode[];
   /** Warm sandboxes ready now. @default none reported */
   poolReady?: () => number;
+  /** The worker's admission control now. */
+  admission?: () => AdmissionSnapshot & { autotune: boolean };
   log: Logger;
   /** touch() writes at most this often. @default 500 */
   touchEveryMs?: number;
+}
+
+function admissionFacts(s: AdmissionSnapshot & { autotune: boolean }): AdmissionFacts {
+  const l = s.latency;
+  return {
+    autotune: s.autotune, allowance: s.allowance, floor: s.floor, inUse: s.inUse, increases: s.increases, decreases: s.decreases,
+    ...(l !== undefined && { engineP50Ms: Math.round(l.p50Ms * 10) / 10, engineP90Ms: Math.round(l.p90Ms * 10) / 10 }),
+    ...(l?.slowdown !== undefined && { engineSlowdown: Math.round(l.slowdown * 100) / 100 }),
+    engineTimeouts: s.window?.timeouts ?? 0,
+    ...(s.window?.loadPerCore !== undefined && { loadPerCore: Math.round(s.window.loadPerCore * 100) / 100 }),
+  };
 }
 
 export interface HostFactsReporter {
@@ -102,6 +141,7 @@ async function gather(opts: HostFactsOptions): Promise<WorkerFacts> {
     engineId: engine,
     pid: process.pid,
     concurrency: opts.concurrency,
+    ...(opts.admission && { admission: admissionFacts(opts.admission()) }),
     ...(generation !== undefined && { runtimeGeneration: generation }),
     images: [...new Set(images.flatMap((i) => [...(i.RepoTags ?? []).filter((t) => t !== '<none>:<none>'), i.Id]))].sort(),
     freeDiskBytes: disk ? disk.bavail * disk.bsize : -1,

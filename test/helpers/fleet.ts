@@ -74,8 +74,13 @@ export async function fleetEnvOn(redis: PrivateRedis, opts: { prefix?: string; d
   const prefix = opts.prefix ?? `t${randomBytes(4).toString('hex')}`;
   const dataDir = opts.dataDir ?? (await mkdtemp(path.join(os.tmpdir(), 'rf-data-')));
   // Workers started from this env keep no warm sandboxes unless a test asks (test/integration/sandbox-pool.test.ts):
-  // a claimed warm sandbox carries no episode or batch label, which many tests find sandboxes by.
-  const env = { ...process.env, REDIS_URL: redis.url, FLEET_PREFIX: prefix, FLEET_DATA_DIR: dataDir, FLEET_SANDBOX_POOL: '0', LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'warn' };
+  // a claimed warm sandbox carries no episode or batch label, which many tests find sandboxes by. Nor
+  // do they tune their concurrency (test/integration/admission.test.ts does): under the suite's load the
+  // engine is slow enough to be cut to one episode at a time, and tests count on the slots they asked for.
+  const env = {
+    ...process.env, REDIS_URL: redis.url, FLEET_PREFIX: prefix, FLEET_DATA_DIR: dataDir, FLEET_SANDBOX_POOL: '0', FLEET_WORKER_AUTOTUNE: 'false',
+    LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'warn',
+  };
   const episodes = new Queue(EPISODES_QUEUE, { connection: client, prefix });
   const cleanup = new Queue(CLEANUP_QUEUE, { connection: client, prefix });
   const flows = new FlowProducer({ connection: client, prefix });

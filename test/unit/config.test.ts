@@ -22,6 +22,21 @@ describe('config', () => {
     expect(c.DOCKER_HOST).toBe('unix:///var/run/docker.sock');
   });
 
+  it('turns self-tuning concurrency on by default, between a floor of 1 and the concurrency', () => {
+    const c = loadConfig({});
+    expect([c.FLEET_WORKER_AUTOTUNE, c.FLEET_WORKER_CONCURRENCY_FLOOR, c.FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN, c.FLEET_WORKER_AUTOTUNE_MAX_LOAD_PER_CORE]).toEqual([true, 1, 6, undefined]);
+    const off = loadConfig({ FLEET_WORKER_AUTOTUNE: 'false', FLEET_WORKER_CONCURRENCY_FLOOR: '3', FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN: '4.5', FLEET_WORKER_AUTOTUNE_MAX_LOAD_PER_CORE: '2.5' });
+    expect([off.FLEET_WORKER_AUTOTUNE, off.FLEET_WORKER_CONCURRENCY_FLOOR, off.FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN, off.FLEET_WORKER_AUTOTUNE_MAX_LOAD_PER_CORE]).toEqual([false, 3, 4.5, 2.5]);
+    const bad = (() => {
+      try {
+        loadConfig({ FLEET_WORKER_AUTOTUNE: 'sometimes', FLEET_WORKER_CONCURRENCY_FLOOR: '0', FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN: '1' });
+      } catch (e) {
+        return e as ConfigError;
+      }
+    })();
+    expect(bad?.problems.map((p) => p.split(':')[0])).toEqual(['FLEET_WORKER_AUTOTUNE', 'FLEET_WORKER_CONCURRENCY_FLOOR', 'FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN']);
+  });
+
   it('lists every bad value with its name', () => {
     const err = (() => {
       try {
