@@ -170,7 +170,7 @@ describe('large batches', () => {
       expect(outlines.map((o) => o.episodeId)).toEqual(full.map((r) => r.episodeId));
       expect(outlines).toEqual(full.map((r) => ({
         episodeId: r.episodeId, taskId: r.taskId, status: r.status, reward: r.reward, attempts: r.attempts, workerId: r.workerId,
-        ...(r.error && { error: { kind: r.error.kind, code: r.error.code } }), timings: r.timings, ...(r.usage && { usage: r.usage }),
+        ...(r.error && { error: { kind: r.error.kind, code: r.error.code } }), timings: r.timings, ...(r.usage && { usage: r.usage }), endedAt: r.endedAt,
       })));
     });
 
