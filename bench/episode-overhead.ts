@@ -12,8 +12,15 @@
 // so it is claim -> first agent exec, less the exec's own start). Timed runs talk to the engine
 // directly; only the call count goes through the counting proxy (which adds a hop).
 //
+// --latency N: N single episodes more, one at a time on an idle fleet (1 worker x 1) and an idle engine,
+// alternating with the direct sequence: each one's time from enqueue to its result (a one-episode
+// batch, enqueued through enqueueBatch) against the direct sequence's, p50 and p90 of each, and the
+// ratio of the p50s. Before each, the bench waits until the previous episode's sandbox is removed and
+// the worker's pool (with --pool) is full again: the latency a warm pool buys, not its throughput.
+//
 // Run: npm run build && npx tsx bench/episode-overhead.ts [--settings 1x1,1x2,1x4,2x8] [--episodes 12]
 //   [--rounds 3] [--pool 0] [--settle-sec 0] [--count-episodes 8] [--count-setting 1x2] [--no-count] [--no-timing]
+//   [--latency 0]
 // --episodes N: episodes per setting and side, split over the rounds (each round at least 2 x the
 // setting's total concurrency); --pool N: passed to every worker as FLEET_SANDBOX_POOL (warm containers
 // per image per worker; 0 = off); --settle-sec: pause after the warm-up wave and after each fleet block
@@ -66,6 +73,7 @@ const { values } = parseArgs({
     'count-setting': { type: 'string', default: '1x2' },
     'no-count': { type: 'boolean', default: false },
     'no-timing': { type: 'boolean', default: false },
+    latency: { type: 'string', default: '0' },
   },
 });
 
@@ -81,8 +89,9 @@ const episodesOpt = Number(values.episodes);
 const rounds = Number(values.rounds);
 const pool = Number(values.pool);
 const countEpisodes = Number(values['count-episodes']);
+const latencyEpisodes = Number(values.latency);
 const settleSec = values['settle-sec'] === undefined ? (pool > 0 ? 3 : 0) : Number(values['settle-sec']);
-for (const [name, n, min] of [['episodes', episodesOpt, 1], ['rounds', rounds, 1], ['pool', pool, 0], ['count-episodes', countEpisodes, 1]] as const) {
+for (const [name, n, min] of [['episodes', episodesOpt, 1], ['rounds', rounds, 1], ['pool', pool, 0], ['count-episodes', countEpisodes, 1], ['latency', latencyEpisodes, 0]] as const) {
   if (!Number.isInteger(n) || n < min) throw new TypeError(`--${name}: expected an integer from ${min} up, got ${n}`);
 }
 if (!(settleSec >= 0)) throw new TypeError(`--settle-sec: expected a number from 0 up, got ${settleSec}`);
@@ -417,13 +426,13 @@ class Workers {
 }
 
 /** Enqueue `episodes` trivial episodes, wait for every result (polled every 10 ms) and every sandbox's removal. */
-async function runFleetBatch(f: FleetEnv, name: string, episodes: number): Promise<FleetRun> {
+async function runFleetBatch(f: FleetEnv, name: string, episodes: number, pollMs = 10): Promise<FleetRun> {
   const file = await writeCommandBatch(f.dir, name, { samples: episodes, command: AGENT_COMMAND });
   const batch = await loadBatch(file);
   const started = performance.now();
   const startedAt = Date.now();
   const plan = await enqueueBatch(batch, { flows: f.flows, redis: f.client, prefix: PREFIX, results: f.results });
-  await poll(`${episodes} results`, 600_000, async () => (await f.results.resultCount(plan.batchId)) >= episodes, 10);
+  await poll(`${episodes} results`, 600_000, async () => (await f.results.resultCount(plan.batchId)) >= episodes, pollMs);
   const seconds = (performance.now() - started) / 1000;
   // Done when no container of the batch is left (the cleanup queue's reaper is always scheduled, so its counts never reach 0).
   await poll('sandboxes to be removed', 120_000, async () =>
@@ -547,6 +556,53 @@ async function main(): Promise<void> {
           + `${r.fleet.seconds.toFixed(2).padStart(7)}  ${r.fleet.perSec.toFixed(2).padStart(10)}  ${`${r.timeRatio.toFixed(2)}x`.padStart(10)}  `
           + `${`${r.rateRatio.toFixed(2)}x`.padStart(16)}  ${ms(quantile(r.fleet.timings.setupMs ?? [], 0.5)).padStart(12)}  ${r.load}`);
       }
+    }
+
+    if (latencyEpisodes > 0) {
+      const setting = parseSetting('1x1');
+      await workers.start(setting, realHost, `lat-${runId}`);
+      const directMs: number[] = [];
+      const fleetMs: number[] = [];
+      const setupMs: number[] = [];
+      const totalMs: number[] = [];
+      const pickUpMs: number[] = [];
+      const fleetRuns: FleetRun[] = [];
+      const loadBefore = load();
+      try {
+        // Idle: the last episode's sandbox removed, and the pool full again (all of the fleet's containers running, unclaimed).
+        const idle = () => poll('an idle fleet', 60_000, async () => {
+          const mine = await docker.listContainers({ all: true, filters: { label: [`${LABEL.fleet}=${PREFIX}`] } });
+          return mine.length === pool && mine.every((c) => c.State === 'running' && c.Labels[LABEL.pool] !== undefined);
+        }, 20);
+        await runFleetBatch(f, `lat-warm-${runId}`, 1);
+        await runDirect(docker, inputs, runId, 1, 1);
+        for (let i = 0; i < latencyEpisodes; i++) {
+          await idle();
+          const fleetOne = async () => {
+            const r = await runFleetBatch(f, `lat-${i}-${runId}`, 1, 2);
+            fleetMs.push(r.seconds * 1000);
+            setupMs.push(...(r.timings.setupMs ?? []));
+            totalMs.push(...(r.timings.totalMs ?? []));
+            pickUpMs.push(...r.queueWaitMs);
+            fleetRuns.push(r);
+          };
+          const directOne = async () => {
+            directMs.push(...(await runDirect(docker, inputs, runId, 1, 1)).episodeMs);
+          };
+          for (const run of i % 2 === 0 ? [fleetOne, directOne] : [directOne, fleetOne]) {
+            await idle();
+            await run();
+          }
+        }
+      } finally {
+        await workers.stop();
+      }
+      const [d50, f50] = [quantile(directMs, 0.5)!, quantile(fleetMs, 0.5)!];
+      out(`\nlatency, one episode at a time on an idle fleet (1 worker x 1, pool ${pool}) and engine, ${latencyEpisodes} each side alternating, load ${loadBefore}->${load()}:`);
+      out(`  direct: p50 ${ms(d50)} ms, p90 ${ms(quantile(directMs, 0.9))} ms`);
+      out(`  fleet:  p50 ${ms(f50)} ms, p90 ${ms(quantile(fleetMs, 0.9))} ms enqueue -> result; set-up (pick-up -> workspace in, the agent's exec next) p50 ${ms(quantile(setupMs, 0.5))} ms, p90 ${ms(quantile(setupMs, 0.9))} ms`);
+      out(`  fleet:  enqueue -> pick-up p50 ${ms(quantile(pickUpMs, 0.5))} ms; the episode (pick-up -> result built) p50 ${ms(quantile(totalMs, 0.5))} ms; the rest is recording the result and seeing it; ${describeFleet(mergeFleet(fleetRuns))}`);
+      out(`  fleet/direct p50 ${(f50 / d50).toFixed(2)}x (lower is better)`);
     }
 
     if (!values['no-count']) {
