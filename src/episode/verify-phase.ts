@@ -51,12 +51,12 @@ export async function verify(
   const deadline = new Deadline('verify', task.reserves.verifySec * 1000, attempt.signal);
   try {
     // A process left behind could rewrite the tests once they arrive, and a fork bomb or zombies could
-    // leave the verifier no pid to run with. First the cheapest way: the engine lists the sandbox's
-    // processes, and when only its own two run, the agent left nothing. Else one exec kills every
-    // process of the sandbox user until none is left. Either answer shows the sandbox is up with its init.
-    const swept = !killedBySignal(agentRun) && (
-      (await deadline.run('looking for what the agent left running', (signal) => session.onlyOwnProcesses(signal))) ||
-      (await deadline.run('stopping what the agent left running', (signal) => session.sweepProcesses(signal))));
+    // leave the verifier no pid to run with. First the cheap way: one exec kills every process of the
+    // sandbox user until none is left. Its running at all shows the sandbox is up with its init. (Not
+    // skipped when the engine's process list looks clean: `top` reads the container's pids, then runs
+    // ps, and keeps what is in both, so a relay of processes living milliseconds each slips between the
+    // two; test/integration/verify-evasion.test.ts.)
+    const swept = !killedBySignal(agentRun) && (await deadline.run('stopping what the agent left running', (signal) => session.sweepProcesses(signal)));
     if (!swept) {
       // Only a sandbox that is still up is verified: one that stopped under the agent (the engine
       // restarted, or something outside killed it) cut the agent short, and the restart below would

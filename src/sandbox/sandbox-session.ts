@@ -308,26 +308,6 @@ export class SandboxSession {
   }
 
   /**
-   * Whether the sandbox runs nothing but its own two processes, the engine's init and its sleep (both
-   * root's; the sandbox user can signal neither, and the sandbox stops when either ends): then nothing
-   * the agent started is left, nothing can start anything, and there is nothing to sweep. One process
-   * listing by the engine (`top`, ~8 ms here), no exec (~35 ms). False when anything else is listed
-   * (a leftover, a zombie, a helper such as the model forwarder), or the listing fails (the sandbox
-   * stopped, an engine without `ps`): then sweepProcesses().
-   */
-  async onlyOwnProcesses(signal?: AbortSignal): Promise<boolean> {
-    try {
-      const top = await dockerCall('list processes', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
-        this.container.top({ abortSignal } as object) as Promise<{ Processes?: unknown[][] | null }>,
-      );
-      return (top.Processes ?? []).length === 2;
-    } catch (err) {
-      if (signal?.aborted) throw err;
-      return false;
-    }
-  }
-
-  /**
    * Kill every process of the sandbox user, from one exec, until none is left: the cheap way to what
    * restart() does (a round trip of about a millisecond instead of 200 to 350 ms). True when the sandbox
    * ran the exec and no process of the agent's is left (zombies aside: init reaps them); false when the
