@@ -108,7 +108,11 @@ describe('hostile sandboxes', () => {
 
   it('grades an agent whose fork bomb still runs at its ceiling as a timeout, with its reward', () => {
     const r = byTask.get('fork-bomb');
-    expect(r, JSON.stringify(r)).toMatchObject({ status: 'timeout', reward: 1, agent: { timedOut: true } });
+    // Usually the bomb still runs at the ceiling: a timeout. Under load the agent's own shell may fail a
+    // fork of the bomb first (fatal in busybox sh: exit 2) before it reaches its sleep; the bomb still
+    // runs, and either way the sweep must leave the verifier its pids: graded, never verifier_crashed.
+    if (r?.agent?.timedOut === false) expect(r, JSON.stringify(r)).toMatchObject({ status: 'passed', reward: 1, agent: { exitCode: 2 } });
+    else expect(r, JSON.stringify(r)).toMatchObject({ status: 'timeout', reward: 1, agent: { timedOut: true } });
   });
 
   it('reports an OOM kill of a child process in the sandbox, and still grades the episode', async () => {
