@@ -37,6 +37,7 @@ import { FleetClient } from '../src/client/fleet-client.ts';
 import { startPrivateRedis, type PrivateRedis } from '../src/cli/private-redis.ts';
 import { batchCompletionsKey, batchResultsKey } from '../src/redis/redis-keys.ts';
 import { ResultsStore } from '../src/results/results-store.ts';
+import { intOption } from './command-batch.ts';
 
 const SELF = fileURLToPath(import.meta.url);
 const TASKS = fileURLToPath(new URL('../examples/tasks', import.meta.url));
@@ -189,11 +190,7 @@ if (values.role !== undefined) {
 
 // ---- the bench ------------------------------------------------------------------------------------
 async function main(): Promise<void> {
-  const num = (name: keyof typeof values, min = 1) => {
-    const n = Number(values[name]);
-    if (!Number.isInteger(n) || n < min) throw new TypeError(`--${name}: expected an integer from ${min} up, got ${JSON.stringify(values[name])}`);
-    return n;
-  };
+  const num = (name: keyof typeof values & string, min = 1) => intOption(values, name, min);
   const episodes = num('episodes');
   const rate = num('rate');
   const samples = num('samples');

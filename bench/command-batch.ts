@@ -29,3 +29,10 @@ export async function writeCommandBatch(dir: string, name: string, opts: { sampl
     + 'defaults:\n  limits: { memoryMb: 128, cpus: 0.5, pids: 64 }\n');
   return file;
 }
+
+/** An integer option of parseArgs' values, at least `min`; a clear error naming the option otherwise. */
+export function intOption<V extends Record<string, unknown>>(values: V, name: keyof V & string, min = 1): number {
+  const n = Number(values[name]);
+  if (!Number.isInteger(n) || n < min) throw new TypeError(`--${name}: expected an integer from ${min} up, got ${JSON.stringify(values[name])}`);
+  return n;
+}

@@ -48,7 +48,7 @@ import { ResultsStore } from '../src/results/results-store.ts';
 import { createDocker } from '../src/sandbox/docker-client.ts';
 import { LABEL } from '../src/sandbox/labels.ts';
 import { loadBatch } from '../src/tasks/load-task.ts';
-import { poll, writeCommandBatch } from './command-batch.ts';
+import { intOption, poll, writeCommandBatch } from './command-batch.ts';
 
 const SELF = fileURLToPath(import.meta.url);
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -146,11 +146,7 @@ if (values.role === 'enqueue') {
 
 // ---- the bench ------------------------------------------------------------------------------------
 async function main(): Promise<void> {
-  const num = (name: keyof typeof values, min = 1) => {
-    const n = Number(values[name]);
-    if (!Number.isInteger(n) || n < min) throw new TypeError(`--${name}: expected an integer from ${min} up, got ${JSON.stringify(values[name])}`);
-    return n;
-  };
+  const num = (name: keyof typeof values & string, min = 1) => intOption(values, name, min);
   const episodes = num('episodes');
   const tasks = num('tasks');
   const batches = num('batches');
