@@ -5,7 +5,7 @@
 // also removed directly, and the cleanup queue and the reaper finish whatever is left.
 import { readFile, rm } from 'node:fs/promises';
 import path from 'node:path';
-import type { Readable } from 'node:stream';
+import { Readable } from 'node:stream';
 import { Deadline, untilAborted } from '../deadlines/deadline.ts';
 import { extractSafely } from '../evidence/safe-extract.ts';
 import { TRAJECTORY_FILE, buildTrajectory } from '../evidence/trajectory.ts';
@@ -99,7 +99,9 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
   // The engine's events count every OOM kill in the sandbox: no inspect needed unless they are not watched.
   closed.oomKilled = state.session.oomKilledSoFar() ?? await state.session.state(signal).then((s) => s.oomKilled, () => undefined);
   const snapshotDir = path.join(evidence.folder(job.episodeId, attempt.attempt), 'workspace');
-  const tar = (await state.session.getArchive(task.workdir, signal)) as Readable;
+  // The sweep's copy when it took one; else the engine's, now (after the verifier, when it ran).
+  const takenAt = state.workspaceTar === undefined ? 'close' : 'agent-stopped';
+  const tar = state.workspaceTar === undefined ? (await state.session.getArchive(task.workdir, signal)) as Readable : Readable.from([state.workspaceTar]);
   signal.addEventListener('abort', () => tar.destroy(), { once: true });
   const extraction = await extractSafely(tar, snapshotDir, { ...deps.snapshotLimits, strip: 1 });
   const changes = await diffWorkspace(state.archive?.files('workspace') ?? new Map(), snapshotDir, extraction, deps.snapshotLimits.maxFileBytes);
@@ -109,7 +111,7 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
       outputCapBytes: deps.outputCapBytes,
       agent: state.agentRun && { stdout: capInfo(state.agentRun.stdout), stderr: capInfo(state.agentRun.stderr) },
       verifier: state.verifyRun && { stdout: capInfo(state.verifyRun.stdout), stderr: capInfo(state.verifyRun.stderr) },
-      workspace: { added: changes.added, removed: changes.removed, modified: changes.modified, extraction: { ...extraction, files: extraction.files.length } },
+      workspace: { takenAt, added: changes.added, removed: changes.removed, modified: changes.modified, extraction: { ...extraction, files: extraction.files.length } },
       oomKilled: closed.oomKilled,
     }),
   ]);

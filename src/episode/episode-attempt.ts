@@ -33,7 +33,7 @@ export interface EpisodeDeps {
   /** Deadline of each Docker API call (a phase's deadline may cut it shorter). */
   callTimeoutMs: number;
   outputCapBytes: number;
-  /** Caps of the workspace snapshot taken at close. */
+  /** Caps of the workspace snapshot kept as evidence. */
   snapshotLimits: ExtractLimits;
   /** Hand a sandbox to the cleanup queue. */
   scheduleCleanup(episodeId: string, containerId: string): Promise<void>;
@@ -104,6 +104,8 @@ export interface AttemptState {
   runFolder?: string;
   agentRun?: AgentRun;
   verifyRun?: ExecResult;
+  /** The workspace as the agent left it, copied (a tar) by the sweep that stopped its processes. */
+  workspaceTar?: Buffer;
   imageId?: string;
   timings: EpisodeResult['timings'];
 }

@@ -13,6 +13,8 @@ import type { AttemptState, EpisodeAttempt, EpisodeDeps, Graded } from './episod
 /** Where the hidden tests are copied for verification, after the agent stopped. */
 export const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
+/** A tar of the workspace is its files plus headers: this much past the snapshot's cap is still taken whole. */
+const SNAPSHOT_TAR_SLACK_BYTES = 1024 * 1024;
 
 /**
  * The agent's failure when `err` (from writing into the sandbox) is its engine-enforced disk quota
@@ -56,7 +58,12 @@ export async function verify(
     // skipped when the engine's process list looks clean: `top` reads the container's pids, then runs
     // ps, and keeps what is in both, so a relay of processes living milliseconds each slips between the
     // two; test/integration/verify-evasion.test.ts.)
-    const swept = !killedBySignal(agentRun) && (await deadline.run('stopping what the agent left running', (signal) => session.sweepProcesses(signal)));
+    // The same exec then copies the workspace as the agent left it: close keeps that, not the engine's
+    // copy after the verifier ran (one archive call fewer on the result's path).
+    const copy = { dir: task.workdir, capBytes: deps.snapshotLimits.maxBytes + SNAPSHOT_TAR_SLACK_BYTES };
+    const sweep = killedBySignal(agentRun) ? { swept: false } : await deadline.run('stopping what the agent left running', (signal) => session.sweepProcesses(signal, copy));
+    if (sweep.tar !== undefined) state.workspaceTar = sweep.tar;
+    const { swept } = sweep;
     if (!swept) {
       // Only a sandbox that is still up is verified: one that stopped under the agent (the engine
       // restarted, or something outside killed it) cut the agent short, and the restart below would

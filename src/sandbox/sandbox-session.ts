@@ -3,11 +3,13 @@
 // no privilege escalation, memory/CPU/pids/disk limits, a reaping init the sandbox user cannot
 // signal, every process the session starts run as a non-root user; every call has a deadline.
 import { randomBytes } from 'node:crypto';
+import { posix } from 'node:path';
 import { Writable, type Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import { untilAborted } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
+import { shellQuote } from '../files/shell-quote.ts';
 import { isImageReference, type Limits } from '../tasks/task-spec.ts';
 import { OutputCapture, type CapturedOutput } from './captured-output.ts';
 import { dockerCall, dockerError, dockerStatusOf } from './docker-client.ts';
@@ -22,24 +24,37 @@ const SANDBOX_USER_SPEC = `${SANDBOX_USER.uid}:${SANDBOX_USER.gid}`;
 /**
  * The sweep, in builtins only (a fork would need a pid the agent may have used up): KILL every process
  * the sandbox user may signal (kill -1 spares the caller), then count what is left of the user's that
- * is not a zombie; again while a fork bomb outruns a pass, at most 20 times.
+ * is not a zombie; again while a fork bomb outruns a pass, at most 20 times. Exit 0 once none is left,
+ * 3 when they kept coming. With `copy`, once none is left, the workspace as the agent left it goes to
+ * stdout as a tar (entries named as getArchive names them), cut at `capBytes` + 1; what tar could not
+ * read is on stderr (the sweep itself is quiet).
  */
-const SWEEP_SCRIPT = [
-  'i=0',
-  'while [ $i -lt 20 ]; do',
-  '  kill -KILL -1 2>/dev/null',
-  '  n=0',
-  '  for d in /proc/[0-9]*; do',
-  '    [ "${d#/proc/}" = "$$" ] && continue',
-  '    uid=; st=',
-  '    while read -r k v _; do case "$k" in State:) st=$v;; Uid:) uid=$v;; esac; done < "$d/status" 2>/dev/null',
-  `    [ "$uid" = "${SANDBOX_USER.uid}" ] && [ "$st" != "Z" ] && n=$((n+1))`,
-  '  done',
-  '  [ $n -eq 0 ] && exit 0',
-  '  i=$((i+1))',
-  'done',
-  'exit 3',
-].join('\n');
+function sweepScript(copy?: { dir: string; capBytes: number }): string {
+  const lines = [
+    // Quiet: a process that ends between the glob and its read is not an error.
+    'exec 3>&2 2>/dev/null',
+    'i=0',
+    'while [ $i -lt 20 ]; do',
+    '  kill -KILL -1 2>/dev/null',
+    '  n=0',
+    '  for d in /proc/[0-9]*; do',
+    '    [ "${d#/proc/}" = "$$" ] && continue',
+    '    uid=; st=',
+    '    while read -r k v _; do case "$k" in State:) st=$v;; Uid:) uid=$v;; esac; done < "$d/status" 2>/dev/null',
+    `    [ "$uid" = "${SANDBOX_USER.uid}" ] && [ "$st" != "Z" ] && n=$((n+1))`,
+    '  done',
+    '  [ $n -eq 0 ] && break',
+    '  i=$((i+1))',
+    'done',
+    '[ $n -eq 0 ] || exit 3',
+  ];
+  if (copy !== undefined) {
+    const { dir, base } = { dir: posix.dirname(copy.dir), base: posix.basename(copy.dir) };
+    lines.push(`{ tar -C ${shellQuote(dir)} -cf - ${shellQuote(base)} || echo 'tar failed' >&2; } 2>&3 | head -c ${copy.capBytes + 1}`);
+  }
+  lines.push('exit 0');
+  return lines.join('\n');
+}
 const SWEEP_TIMEOUT_MS = 5_000;
 
 /** How long a TERM-ed process tree gets before KILL. */
@@ -309,17 +324,35 @@ export class SandboxSession {
 
   /**
    * Kill every process of the sandbox user, from one exec, until none is left: the cheap way to what
-   * restart() does (a round trip of about a millisecond instead of 200 to 350 ms). True when the sandbox
-   * ran the exec and no process of the agent's is left (zombies aside: init reaps them); false when the
-   * exec could not run (no pid left, the sandbox stopped) or processes kept coming: then restart().
+   * restart() does (a round trip of about a millisecond instead of 200 to 350 ms). `swept` is true when
+   * the sandbox ran the exec and no process of the agent's is left (zombies aside: init reaps them);
+   * false when the exec could not run (no pid left, the sandbox stopped) or processes kept coming: then
+   * restart(). With `copy`, the same exec then tars the workspace as the agent left it (nothing of the
+   * agent's can change it any more), as getArchive would, saving the engine's own archive call: `tar`
+   * is that copy, or undefined when the image has no tar or head, the sandbox user could not read
+   * everything, or it came to more than `capBytes` (the caller then asks the engine).
    */
-  async sweepProcesses(signal?: AbortSignal): Promise<boolean> {
+  async sweepProcesses(signal?: AbortSignal, copy?: { dir: string; capBytes: number }): Promise<{ swept: boolean; tar?: Buffer }> {
+    const chunks: Buffer[] = [];
+    let bytes = 0;
+    const usable = copy !== undefined && copy.dir.startsWith('/') && posix.basename(copy.dir) !== '';
     try {
-      const run = await this.exec(SWEEP_SCRIPT, { timeoutMs: SWEEP_TIMEOUT_MS, capBytes: 1024, workdir: '/', ...(signal && { signal }) });
-      return run.exitCode === 0;
+      const run = await this.exec(sweepScript(usable ? copy : undefined), {
+        timeoutMs: SWEEP_TIMEOUT_MS,
+        capBytes: 1024,
+        workdir: '/',
+        ...(signal && { signal }),
+        onStdout: (chunk) => {
+          bytes += chunk.length;
+          if (bytes <= copy!.capBytes) chunks.push(chunk);
+        },
+      });
+      const swept = run.exitCode === 0;
+      const whole = usable && swept && !run.timedOut && run.stderr.totalBytes === 0 && bytes > 0 && bytes <= copy.capBytes;
+      return { swept, ...(whole && { tar: Buffer.concat(chunks) }) };
     } catch (err) {
       if (signal?.aborted) throw err;
-      return false;
+      return { swept: false };
     }
   }
 

@@ -67,3 +67,51 @@ describe('evidence', () => {
     await waitForNoContainers(plan.batchId);
   });
 });
+
+describe('the workspace snapshot', () => {
+  let env: FleetEnv;
+  let worker: WorkerHandle;
+
+  beforeAll(async () => {
+    env = await startFleetEnv();
+    worker = await startEnvWorker(env, 'snapshot-w', { concurrency: 2, callTimeoutMs: 30_000 });
+  });
+  afterAll(async () => {
+    await worker?.close();
+    await env?.close();
+  });
+
+  const readEvidence = async (episodeId: string) => {
+    const attemptDir = path.join(env.dataDir, 'evidence', episodeId, 'attempt-1');
+    const evidence = JSON.parse(await readFile(path.join(attemptDir, 'evidence.json'), 'utf8')) as {
+      workspace: { takenAt: string; added: string[]; modified: string[] };
+    };
+    return { attemptDir, evidence };
+  };
+
+  it('is the workspace the agent left, taken with the sweep: what the verifier writes is not in it', async () => {
+    const task = (id: string) => ({
+      yaml: `id: ${id}\ninstruction: x\nverify:\n  command: grep -qx fixed state.txt && echo graded > graded.txt && echo verifier >> state.txt\n  timeoutSec: 10\ndeadlineSec: 300\n`,
+      files: { 'workspace/state.txt': 'broken\n', 'tests/.keep': '' },
+    });
+    // In "unreadable" the sandbox user cannot read a file it made, so the sweep's copy fails: the
+    // engine's copy at close has it (and what the verifier wrote).
+    const agent = 'echo fixed > state.txt; echo note > notes.txt; if [ "$TASK_ID" = unreadable ]; then echo secret > hidden.txt; chmod 000 hidden.txt; fi';
+    const file = await writeBatch(`tasks: [tasks]\nagent: { kind: command, command: ${JSON.stringify(agent)} }\n`, { plain: task('plain'), unreadable: task('unreadable') });
+    const plan = await enqueueFile(env, file);
+    const results = await waitForResults(env, plan.batchId, 2, 180_000);
+    const byTask = new Map(results.map((r) => [r.taskId, r]));
+    for (const r of results) expect(r).toMatchObject({ status: 'passed', reward: 1 });
+
+    const plain = await readEvidence(byTask.get('plain')!.episodeId);
+    expect(plain.evidence.workspace).toMatchObject({ takenAt: 'agent-stopped', added: ['notes.txt'], modified: ['state.txt'] });
+    expect(await readFile(path.join(plain.attemptDir, 'workspace', 'state.txt'), 'utf8')).toBe('fixed\n');
+    await expect(lstat(path.join(plain.attemptDir, 'workspace', 'graded.txt'))).rejects.toMatchObject({ code: 'ENOENT' });
+
+    const unreadable = await readEvidence(byTask.get('unreadable')!.episodeId);
+    expect(unreadable.evidence.workspace.takenAt).toBe('close');
+    expect(unreadable.evidence.workspace.added.sort()).toEqual(['graded.txt', 'hidden.txt', 'notes.txt']);
+    expect(await readFile(path.join(unreadable.attemptDir, 'workspace', 'hidden.txt'), 'utf8')).toBe('secret\n');
+    await waitForNoContainers(plan.batchId);
+  });
+});

@@ -1,6 +1,9 @@
 // The sandbox session on the real engine: hardened by default, exec deadlines that stop a whole
 // process tree, capped output, idempotent removal.
 import net from 'node:net';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FleetError } from '../../src/errors/fleet-error.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
@@ -63,11 +66,26 @@ describe('sandbox session', () => {
       await run(own, 'for i in 1 2 3; do (trap "" TERM HUP; exec sleep 1000) & done; sleep 1000 & kill -STOP $!; (setsid sh -c "sleep 1000" &) ; echo started');
       // The count's own shell is left out; the glob is taken before awk runs.
       expect(Number((await run(own, count)).stdout.text.trim())).toBeGreaterThanOrEqual(5);
-      expect(await own.sweepProcesses()).toBe(true);
+      expect(await own.sweepProcesses()).toEqual({ swept: true });
       expect(Number((await run(own, count)).stdout.text.trim())).toBe(0);
+      // Asked to, the same exec copies a folder once nothing of the user's runs: a writer left behind
+      // is stopped first, so the copy is what it had written. Past the cap there is no copy.
+      await run(own, 'mkdir -p /tmp/ws/sub && echo a > /tmp/ws/sub/a.txt && (while :; do date >> /tmp/ws/log; done) & echo started');
+      const copied = await own.sweepProcesses(undefined, { dir: '/tmp/ws', capBytes: 1 << 20 });
+      expect(copied.swept).toBe(true);
+      const names: string[] = [];
+      const extract = tar.extract();
+      extract.on('entry', (header, stream, next) => {
+        names.push(header.name);
+        stream.resume();
+        stream.on('end', next);
+      });
+      await pipeline(Readable.from([copied.tar!]), extract);
+      expect(names).toEqual(expect.arrayContaining(['ws/', 'ws/sub/', 'ws/sub/a.txt', 'ws/log']));
+      expect(await own.sweepProcesses(undefined, { dir: '/tmp/ws', capBytes: 100 })).toEqual({ swept: true });
       // It needs one pid only (builtins), and says false when no exec can run at all: then the caller restarts.
       await docker.getContainer(own.containerId).kill();
-      expect(await own.sweepProcesses()).toBe(false);
+      expect(await own.sweepProcesses()).toEqual({ swept: false });
     } finally {
       await own.remove();
     }
