@@ -27,41 +27,48 @@ export async function setUp(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
   const pool = deps.pool;
   const claimed = pool?.enabled
     ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal), (late) => {
-      if (late !== undefined) void removeContainer(deps.docker, late.session.containerId, deps.callTimeoutMs).catch(() => undefined);
+      if (late === undefined) return;
+      late.refill();
+      void removeContainer(deps.docker, late.session.containerId, deps.callTimeoutMs).catch(() => undefined);
     })
     : undefined;
-  if (claimed !== undefined) {
-    state.containerId = claimed.session.containerId;
-    state.session = claimed.session;
-    state.runFolder = claimed.folder;
-    state.pooled = true;
+  // The pool refills once this set-up is done with the engine (or failed).
+  try {
+    if (claimed !== undefined) {
+      state.containerId = claimed.session.containerId;
+      state.session = claimed.session;
+      state.runFolder = claimed.folder;
+      state.pooled = true;
+    }
+    if (agentUsesModel(job.agent, deps.model !== undefined)) {
+      // In a claimed sandbox, the socket goes into the folder it was created with (a bind mount cannot be added).
+      const socketPath = claimed ? path.join(claimed.folder, 'model.sock') : episodeSocketPath(attempt, deps);
+      state.runFolder ??= path.dirname(socketPath);
+      // A proxy that starts after the deadline is closed at once: nothing would ever close it otherwise.
+      state.proxy = await deadline.run('starting the model proxy', () => startEpisodeProxy(attempt, deps, socketPath), (late) => {
+        late.close()
+          .then(() => rm(path.dirname(late.socketPath), { recursive: true, force: true }))
+          .catch((err: unknown) => log.warn({ err: String(err) }, 'closing a model proxy that started too late failed'));
+      });
+    }
+    const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
+      { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
+      { ...poolSpec, owner, bindFolders: state.proxy ? [path.dirname(state.proxy.socketPath)] : [] },
+      // Registered as soon as the container exists, so close removes it even if set-up goes no further.
+      (id) => {
+        state.containerId = id;
+      },
+      signal,
+    // A session that opens after the deadline is nobody's: stop its event stream (close removes the container by id).
+    ), (late) => late.stopWatching());
+    state.session = session;
+    state.imageId = session.imageId;
+    const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
+    await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
+    return session;
+  } finally {
+    claimed?.refill();
   }
-  if (agentUsesModel(job.agent, deps.model !== undefined)) {
-    // In a claimed sandbox, the socket goes into the folder it was created with (a bind mount cannot be added).
-    const socketPath = claimed ? path.join(claimed.folder, 'model.sock') : episodeSocketPath(attempt, deps);
-    state.runFolder ??= path.dirname(socketPath);
-    // A proxy that starts after the deadline is closed at once: nothing would ever close it otherwise.
-    state.proxy = await deadline.run('starting the model proxy', () => startEpisodeProxy(attempt, deps, socketPath), (late) => {
-      late.close()
-        .then(() => rm(path.dirname(late.socketPath), { recursive: true, force: true }))
-        .catch((err: unknown) => log.warn({ err: String(err) }, 'closing a model proxy that started too late failed'));
-    });
-  }
-  const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
-    { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
-    { ...poolSpec, owner, bindFolders: state.proxy ? [path.dirname(state.proxy.socketPath)] : [] },
-    // Registered as soon as the container exists, so close removes it even if set-up goes no further.
-    (id) => {
-      state.containerId = id;
-    },
-    signal,
-  // A session that opens after the deadline is nobody's: stop its event stream (close removes the container by id).
-  ), (late) => late.stopWatching());
-  state.session = session;
-  state.imageId = session.imageId;
-  const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
-  await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
-  return session;
 }
 
 /** Where the proxy's socket goes when the sandbox is the episode's own: a short folder of the attempt. */

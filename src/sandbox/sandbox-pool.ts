@@ -2,7 +2,9 @@
 // (network none, no capabilities, the task's limits), labelled as this worker's pooled sandboxes, so
 // an episode's set-up claims a running one instead of waiting for create and start. Kept per kind (image,
 // workdir, limits and the runtime generation mounted): a claim takes one of its kind, or none (the
-// caller creates its own, as without a pool), and the kind is refilled in the background. A claimed
+// caller creates its own, as without a pool), and the kind is refilled in the background (after a
+// claim, once the claimer's set-up is done with the engine: the refill's create and start would slow
+// its workspace copy by a third here). A claimed
 // sandbox is the episode's alone and is never returned: close removes it as any other.
 //
 // Each pooled sandbox gets its own empty folder bind-mounted read-only at the same path, created with
@@ -47,6 +49,11 @@ export interface Claimed {
   session: SandboxSession;
   /** Its own folder, bind-mounted at the same path: the model proxy's socket goes here. */
   folder: string;
+  /**
+   * Start refilling the kind: the claimer calls it once its set-up's engine calls are done (or failed),
+   * so the refill's create and start do not slow them. Once only; later calls do nothing.
+   */
+  refill: () => void;
 }
 
 interface Warm {
@@ -101,6 +108,13 @@ export class SandboxPool {
     return n;
   }
 
+  /** Warm sandboxes ready or being made, over all kinds. */
+  get warmingCount(): number {
+    let n = 0;
+    for (const kind of this.kinds.values()) n += kind.ready.length + kind.filling;
+    return n;
+  }
+
   /**
    * A warm sandbox of `spec`'s kind, now `owner`'s, or undefined when none is ready (the caller creates
    * its own). The kind is refilled in the background either way.
@@ -122,8 +136,17 @@ export class SandboxPool {
     }
     kind.lastClaimed = Date.now();
     const warm = kind.ready.shift();
-    this.fill(kind);
-    if (warm === undefined) return undefined;
+    // A miss refills now (the episode creates its own meanwhile); a hit, when the claimer says.
+    if (warm === undefined) {
+      this.fill(kind);
+      return undefined;
+    }
+    let refilled = false;
+    const refill = () => {
+      if (refilled) return;
+      refilled = true;
+      this.fill(kind);
+    };
     try {
       // Recorded before the sandbox is used: from here on, the reaper knows whose it is.
       const record = JSON.stringify({ episodeId: owner.episodeId, batchId: owner.batchId, attempt: owner.attempt });
@@ -131,10 +154,11 @@ export class SandboxPool {
     } catch (err) {
       // Not handed over: nobody else will ever claim it.
       void this.discard(warm);
+      refill();
       throw err;
     }
     this.opts.log.debug({ containerId: warm.session.containerId, episodeId: owner.episodeId }, 'warm sandbox claimed');
-    return { session: warm.session.adopt(owner), folder: warm.folder };
+    return { session: warm.session.adopt(owner), folder: warm.folder, refill };
   }
 
   private fill(kind: Kind): void {

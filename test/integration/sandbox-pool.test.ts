@@ -141,6 +141,11 @@ describe('warm sandbox pool', () => {
       await waitFor('a warm sandbox on generation b', async () => pool.readyCount === 1, 30_000, 100);
       const claimed = await pool.claim(spec(volumes[1]!), owner, AbortSignal.timeout(10_000));
       expect(claimed).toBeDefined();
+      // A hit is refilled when the claimer says its set-up is done with the engine, once.
+      expect(pool.warmingCount).toBe(0);
+      claimed!.refill();
+      claimed!.refill();
+      expect(pool.warmingCount).toBe(1);
       expect(JSON.parse((await env.client.get(sandboxClaimKey(env.prefix, claimed!.session.containerId)))!)).toEqual({ episodeId: 'e.t.0', batchId: 'e', attempt: 1 });
       await claimed!.session.remove();
     } finally {
