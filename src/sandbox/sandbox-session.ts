@@ -26,21 +26,20 @@ const SANDBOX_USER_SPEC = `${SANDBOX_USER.uid}:${SANDBOX_USER.gid}`;
  * the sandbox user may signal (kill -1 spares the caller), then count what is left of the user's that
  * is not a zombie; again while a fork bomb outruns a pass, at most 20 times. Exit 0 once none is left,
  * 3 when they kept coming. With `copy`, once none is left, the workspace as the agent left it goes to
- * stdout as a tar (entries named as getArchive names them), cut at `capBytes` + 1; what tar could not
- * read is on stderr (the sweep itself is quiet).
+ * stdout as a tar (entries named as getArchive names them), cut at `capBytes` + 1, and what tar could
+ * not read to stderr (the sweep itself is quiet); then the sweep runs again, since `tar` and `head` are
+ * found in PATH, which an image may let the sandbox user write to (test/integration/sandbox.test.ts).
  */
 function sweepScript(copy?: { dir: string; capBytes: number }): string {
-  const lines = [
-    // Quiet: a process that ends between the glob and its read is not an error.
-    'exec 3>&2 2>/dev/null',
+  const sweep = [
     'i=0',
     'while [ $i -lt 20 ]; do',
-    '  kill -KILL -1 2>/dev/null',
+    '  kill -KILL -1',
     '  n=0',
     '  for d in /proc/[0-9]*; do',
     '    [ "${d#/proc/}" = "$$" ] && continue',
     '    uid=; st=',
-    '    while read -r k v _; do case "$k" in State:) st=$v;; Uid:) uid=$v;; esac; done < "$d/status" 2>/dev/null',
+    '    while read -r k v _; do case "$k" in State:) st=$v;; Uid:) uid=$v;; esac; done < "$d/status"',
     `    [ "$uid" = "${SANDBOX_USER.uid}" ] && [ "$st" != "Z" ] && n=$((n+1))`,
     '  done',
     '  [ $n -eq 0 ] && break',
@@ -48,9 +47,11 @@ function sweepScript(copy?: { dir: string; capBytes: number }): string {
     'done',
     '[ $n -eq 0 ] || exit 3',
   ];
+  // Quiet: a process that ends between the glob and its read is not an error.
+  const lines = ['exec 3>&2 2>/dev/null', ...sweep];
   if (copy !== undefined) {
     const { dir, base } = { dir: posix.dirname(copy.dir), base: posix.basename(copy.dir) };
-    lines.push(`{ tar -C ${shellQuote(dir)} -cf - ${shellQuote(base)} || echo 'tar failed' >&2; } 2>&3 | head -c ${copy.capBytes + 1}`);
+    lines.push(`{ tar -C ${shellQuote(dir)} -cf - ${shellQuote(base)} || echo 'tar failed' >&2; } 2>&3 | head -c ${copy.capBytes + 1}`, ...sweep);
   }
   lines.push('exit 0');
   return lines.join('\n');

@@ -9,6 +9,7 @@ import { FleetError } from '../../src/errors/fleet-error.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
+import { buildDashImage, WRITABLE_PATH_DIR } from '../helpers/dash-image.ts';
 import { docker, fleetContainers, silentLog } from '../helpers/fleet.ts';
 
 const owner = { fleet: 'sandbox-test', episodeId: `sandbox-test-${process.pid}`, batchId: `sandbox-test-${process.pid}`, workerId: 'sandbox-test', attempt: 1 };
@@ -88,6 +89,28 @@ describe('sandbox session', () => {
       expect(await own.sweepProcesses()).toEqual({ swept: false });
     } finally {
       await own.remove();
+    }
+  });
+
+  it('leaves nothing of the sandbox user running after its copy, even a daemon from a tar the agent planted', async () => {
+    const image = `rollout-fleet/sandbox-test:dash-${process.pid}`;
+    await buildDashImage(docker, image);
+    const own = await SandboxSession.open(deps, { ...spec, image, owner: { ...owner, episodeId: `${owner.episodeId}-planted` } }, () => undefined);
+    try {
+      const plant = await run(own, [
+        'mkdir -p /tmp/ws && echo a > /tmp/ws/a.txt',
+        `printf '%s\\n' '#!/bin/sh' '(setsid sleep 1000 </dev/null >/dev/null 2>&1 &)' 'exec /bin/tar "$@"' > ${WRITABLE_PATH_DIR}/tar`,
+        `chmod +x ${WRITABLE_PATH_DIR}/tar && command -v tar`,
+      ].join(' && '));
+      expect(plant.stdout.text.trim(), plant.stderr.text).toBe(`${WRITABLE_PATH_DIR}/tar`);
+      const copied = await own.sweepProcesses(undefined, { dir: '/tmp/ws', capBytes: 1 << 20 });
+      expect(copied.swept).toBe(true);
+      expect(copied.tar).toBeDefined();
+      const left = await run(own, 'n=0; for d in /proc/[0-9]*; do [ "${d#/proc/}" = "$$" ] && continue; grep -q "^Uid:[[:space:]]*1000" $d/status 2>/dev/null && n=$((n+1)); done; echo $n');
+      expect(left.stdout.text.trim()).toBe('0');
+    } finally {
+      await own.remove();
+      await docker.getImage(image).remove({ force: true }).catch(() => undefined);
     }
   });
 
