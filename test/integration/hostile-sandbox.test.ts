@@ -102,8 +102,8 @@ describe('hostile sandboxes', () => {
   it('grades an agent that stuffed the pid limit with orphans (they are reaped, the verifier can fork)', async () => {
     const r = byTask.get('orphans');
     expect(await stdoutOf('orphans')).toContain('orphans=filling');
-    expect(r?.agent?.exitCode, 'the agent hit the pid limit').toBe(2);
-    expect(r, JSON.stringify(r?.error)).toMatchObject({ status: 'passed', reward: 1 });
+    expect(r?.agent?.exitCode, `the agent hit the pid limit: ${JSON.stringify(r)}`).toBe(2);
+    expect(r, JSON.stringify(r)).toMatchObject({ status: 'passed', reward: 1 });
   });
 
   it('grades an agent whose fork bomb still runs at its ceiling as a timeout, with its reward', () => {
