@@ -69,7 +69,8 @@ export interface AttemptTranscript {
   verifierStdout?: ReadFile;
   verifierStderr?: ReadFile;
   diff?: ReadFile;
-  changes?: { added: string[]; removed: string[]; modified: string[] };
+  /** takenAt: when the workspace was copied ('agent-stopped', or 'close': after the verifier). */
+  changes?: { added: string[]; removed: string[]; modified: string[]; takenAt?: string };
 }
 
 const MiB = (n: number) => `${(n / 1024 / 1024).toFixed(1)} MiB`;
@@ -219,7 +220,10 @@ export function buildAttemptTranscript(files: AttemptFiles, meta: { episodeId: s
   const workspace = isObject(evidence) && isObject(evidence.workspace) ? evidence.workspace : undefined;
   if (workspace) {
     const list = (v: unknown) => (Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string') : []);
-    out.changes = { added: list(workspace.added), removed: list(workspace.removed), modified: list(workspace.modified) };
+    out.changes = {
+      added: list(workspace.added), removed: list(workspace.removed), modified: list(workspace.modified),
+      ...(typeof workspace.takenAt === 'string' && { takenAt: workspace.takenAt }),
+    };
   }
 
   const conv = conversationOf(f, { ...meta, attempt: files.attempt }, notes);

@@ -179,6 +179,13 @@ function outcome(r: EpisodeResult | undefined): SafeHtml {
 ${r.error ? html`<p class="outcome error">${r.error.kind}/${r.error.code}: ${r.error.message}</p>` : ''}`;
 }
 
+/** Which copy of the workspace the diff is of (older evidence does not say). */
+function takenAtNote(takenAt: string | undefined): string {
+  if (takenAt === 'agent-stopped') return ' · the workspace as the agent left it';
+  if (takenAt === 'close') return ' · copied after the verifier ran (the copy at the agent\'s stop could not be taken)';
+  return '';
+}
+
 function attemptSection(t: AttemptTranscript, budget: PageBudget): SafeHtml {
   const r = t.result;
   const calls = t.calls === undefined ? '' : Object.entries(t.calls).filter(([, n]) => n > 0).map(([k, n]) => `${n} ${k}`).join(', ');
@@ -206,7 +213,7 @@ ${outputFile('stdout', t.verifierStdout, budget, 'verifier-stdout')}${outputFile
 <h3>Outcome</h3>
 ${outcome(r)}
 <h3>Workspace diff</h3>
-${ch ? html`<p class="meta">${ch.added.length} added, ${ch.modified.length} modified, ${ch.removed.length} removed</p>` : ''}
+${ch ? html`<p class="meta">${ch.added.length} added, ${ch.modified.length} modified, ${ch.removed.length} removed${takenAtNote(ch.takenAt)}</p>` : ''}
 ${t.diff === undefined ? html`<p class="muted">No workspace diff.</p>` : t.diff.text === '' ? html`<p class="muted">No change.</p>` : diffBlock(t.diff.text, budget)}
 </section>`;
 }

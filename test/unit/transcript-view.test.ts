@@ -52,7 +52,7 @@ const attempt1: AttemptFiles = {
     'agent.stdout.txt': file(events),
     'verifier.stdout.txt': file('ok\n'),
     'workspace.diff': file('Index: greet.sh\n===================================================================\n--- a/greet.sh\n+++ b/greet.sh\n@@ -1,1 +1,1 @@\n-echo bye\n+echo hi\n'),
-    'evidence.json': file(JSON.stringify({ workspace: { added: [], removed: [], modified: ['greet.sh'] } })),
+    'evidence.json': file(JSON.stringify({ workspace: { takenAt: 'agent-stopped', added: [], removed: [], modified: ['greet.sh'] } })),
   },
 };
 
@@ -73,7 +73,9 @@ describe('buildAttemptTranscript', () => {
     expect(t.totals).toEqual({ modelMs: 201, promptTokens: 30, completionTokens: 3 });
     expect(t.agentStdout).toMatchObject({ hiddenEventLines: 7 });
     expect(t.agentStdout!.text.trim()).toBe('plain output line');
-    expect(t.changes).toEqual({ added: [], removed: [], modified: ['greet.sh'] });
+    expect(t.changes).toEqual({ added: [], removed: [], modified: ['greet.sh'], takenAt: 'agent-stopped' });
+    const page = transcriptPage({ batchId: 'b', episodeId: 'b.t.0', result: undefined, attempts: [t] }, links).value;
+    expect(page).toContain('0 added, 1 modified, 0 removed · the workspace as the agent left it');
   });
 
   it('folds what a resumed attempt got from its checkpoint and marks where it picked up', () => {
