@@ -273,11 +273,13 @@ describe('phase reserves (issue 9)', () => {
   });
 
   it('close with Redis paused and the workspace GET hung ends within its reserve; the result and the cleanup follow', async () => {
-    const plan = await enqueueFile(env, await batch('close-stall', COMMAND_AGENT, { deadlineSec: 60, reserves: SMALL, verifyTimeoutSec: 5 }));
+    // A file the sandbox user cannot read: the sweep cannot copy the workspace, so close asks the engine.
+    const agent = '{ kind: command, command: "echo fixed > state.txt; echo x > locked.txt; chmod 000 locked.txt" }';
+    const plan = await enqueueFile(env, await batch('close-stall', agent, { deadlineSec: 60, reserves: SMALL, verifyTimeoutSec: 5 }));
     const episodeId = plan.jobs[0]!.episodeId;
     const pauser = await redisPauser(env);
     cleanups.push(() => pauser.close());
-    // Close starts by taking the sandbox's workspace out: hold that, and pause Redis as it arrives.
+    // Close then starts by taking the sandbox's workspace out: hold that, and pause Redis as it arrives.
     let paused: Promise<unknown> | undefined;
     docker.hold((method, p) => {
       const hold = method === 'GET' && /^\/containers\/[0-9a-f]+\/archive\?path=%2Fworkspace/.test(p);
