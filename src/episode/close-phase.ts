@@ -7,7 +7,7 @@ import { readFile, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { Deadline, untilAborted } from '../deadlines/deadline.ts';
-import { extractSafely } from '../evidence/safe-extract.ts';
+import { extractSafely, type ExtractReport } from '../evidence/safe-extract.ts';
 import { TRAJECTORY_FILE, buildTrajectory } from '../evidence/trajectory.ts';
 import { writeFileAtomic } from '../files/atomic-write.ts';
 import type { ModelCallRecord } from '../model/call-evidence.ts';
@@ -98,12 +98,19 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
   if (state.session === undefined) return publish(attempt, deps, signal);
   // The engine's events count every OOM kill in the sandbox: no inspect needed unless they are not watched.
   closed.oomKilled = state.session.oomKilledSoFar() ?? await state.session.state(signal).then((s) => s.oomKilled, () => undefined);
-  const snapshotDir = path.join(evidence.folder(job.episodeId, attempt.attempt), 'workspace');
-  // The sweep's copy when it took one; else the engine's, now (after the verifier, when it ran).
-  const takenAt = state.workspaceTar === undefined ? 'close' : 'agent-stopped';
-  const tar = state.workspaceTar === undefined ? (await state.session.getArchive(task.workdir, signal)) as Readable : Readable.from([state.workspaceTar]);
-  signal.addEventListener('abort', () => tar.destroy(), { once: true });
-  const extraction = await extractSafely(tar, snapshotDir, { ...deps.snapshotLimits, strip: 1 });
+  // The sweep's copy when it took one (kept while the verifier ran); else the engine's, now (after the
+  // verifier, when it ran).
+  const early = state.workspaceCopy && await untilAborted(state.workspaceCopy, signal);
+  const takenAt = early ? 'agent-stopped' : 'close';
+  let extraction: ExtractReport;
+  if (early) {
+    extraction = early;
+  } else {
+    const tar = await state.session.getArchive(task.workdir, signal);
+    signal.addEventListener('abort', () => tar.destroy(), { once: true });
+    extraction = await keepWorkspace(attempt, deps, tar);
+  }
+  const snapshotDir = workspaceFolder(attempt, deps);
   const changes = await diffWorkspace(state.archive?.files('workspace') ?? new Map(), snapshotDir, extraction, deps.snapshotLimits.maxFileBytes);
   await Promise.all([
     evidence.writeText(job.episodeId, attempt.attempt, 'workspace.diff', changes.diff),
@@ -116,6 +123,25 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
     }),
   ]);
   await publish(attempt, deps, signal);
+}
+
+const workspaceFolder = (attempt: EpisodeAttempt, deps: EpisodeDeps) => path.join(deps.evidence.folder(attempt.job.episodeId, attempt.attempt), 'workspace');
+
+/** Extracts a tar of the workdir (named as getArchive names it) into the attempt's evidence, as hostile. */
+export async function keepWorkspace(attempt: EpisodeAttempt, deps: EpisodeDeps, tar: Readable): Promise<ExtractReport> {
+  return extractSafely(tar, workspaceFolder(attempt, deps), { ...deps.snapshotLimits, strip: 1 });
+}
+
+/**
+ * The sweep's copy of the workspace, extracted while the verifier runs (so its bytes are not held
+ * until close). Undefined when it could not be kept: its folder is emptied for the engine's copy.
+ */
+export function keepWorkspaceEarly(attempt: EpisodeAttempt, deps: EpisodeDeps, tar: Buffer): Promise<ExtractReport | undefined> {
+  return keepWorkspace(attempt, deps, Readable.from([tar])).catch(async (err: unknown) => {
+    deps.log.warn({ err: String(err) }, 'the sweep\'s workspace copy could not be kept; close asks the engine');
+    await rm(workspaceFolder(attempt, deps), { recursive: true, force: true });
+    return undefined;
+  });
 }
 
 /** The attempt's evidence into the artifact store, in what is left of its slice; else it waits in the outbox. */

@@ -12,7 +12,7 @@ import type { EvidencePublisher } from '../evidence/publish-evidence.ts';
 import type { FleetError } from '../errors/fleet-error.ts';
 import type { StopReason } from '../errors/episode-stop.ts';
 import type { EvidenceStore } from '../evidence/evidence-store.ts';
-import type { ExtractLimits } from '../evidence/safe-extract.ts';
+import type { ExtractLimits, ExtractReport } from '../evidence/safe-extract.ts';
 import type { EndpointLimiter } from '../model/endpoint-limiter.ts';
 import type { FleetLimits } from '../model/fleet-limits.ts';
 import type { ModelProxy } from '../model/model-proxy.ts';
@@ -104,8 +104,8 @@ export interface AttemptState {
   runFolder?: string;
   agentRun?: AgentRun;
   verifyRun?: ExecResult;
-  /** The workspace as the agent left it, copied (a tar) by the sweep that stopped its processes. */
-  workspaceTar?: Buffer;
+  /** The workspace as the agent left it, copied by the sweep that stopped its processes, being kept as evidence. */
+  workspaceCopy?: Promise<ExtractReport | undefined>;
   imageId?: string;
   timings: EpisodeResult['timings'];
 }

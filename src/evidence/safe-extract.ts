@@ -16,6 +16,12 @@ export interface ExtractLimits {
   maxFiles: number;
   /** Drop this many leading path components (getArchive of /workspace names entries workspace/...). */
   strip?: number;
+  /**
+   * Bytes read from the archive, kept or not: past this the rest is not read (a sparse file of 16 GiB
+   * would otherwise stream whole, at ~100 MB/s, through a close reserve).
+   * @default 4 x maxBytes, plus 1 KiB (headers) per file allowed
+   */
+  maxReadBytes?: number;
 }
 
 export interface ExtractedFile {
@@ -26,7 +32,10 @@ export interface ExtractedFile {
 
 export interface ExtractReport {
   files: ExtractedFile[];
-  /** Entries not written, with the reason (unsafe path, link, cap reached, special file). */
+  /**
+   * Entries not written whole, with the reason: unsafe path, link, special file, cap reached, cut to
+   * its first bytes (a cut file is in `files` too), and the rest of the archive once it was not read.
+   */
   skipped: { path: string; reason: string }[];
   bytesWritten: number;
   /** Some content was dropped because of a cap. */
@@ -50,8 +59,46 @@ export async function extractSafely(archive: Readable, dest: string, limits: Ext
   const report: ExtractReport = { files: [], skipped: [], bytesWritten: 0, truncated: false };
   const extract = tar.extract();
   archive.on('error', (err) => extract.destroy(err));
+  const maxReadBytes = limits.maxReadBytes ?? limits.maxBytes * 4 + 1024 * (limits.maxFiles + 2);
+  let read = 0;
+  let stopped = false;
+  archive.on('data', (chunk: Buffer) => {
+    read += chunk.length;
+    if (read <= maxReadBytes || stopped) return;
+    stopped = true;
+    extract.destroy(new Error('read limit'));
+    archive.destroy();
+  });
   archive.pipe(extract);
+  // The file being written when the read stops.
+  let writing: ExtractedFile | undefined;
+  const keep = (file: ExtractedFile) => {
+    report.bytesWritten += file.keptBytes;
+    report.files.push(file);
+    if (file.keptBytes < file.size || stopped) {
+      report.truncated = true;
+      report.skipped.push({ path: file.path, reason: `cut to its first ${file.keptBytes} of ${stopped ? 'at least ' : ''}${file.size} bytes` });
+    }
+  };
+  try {
+    await extractEntries(extract, root, limits, report, (file) => (writing = file), keep);
+  } catch (err) {
+    if (!stopped) throw err;
+    if (writing !== undefined) keep(writing);
+    report.truncated = true;
+    report.skipped.push({ path: '*', reason: `the rest not read: the archive passed ${maxReadBytes} bytes` });
+  }
+  return report;
+}
 
+async function extractEntries(
+  extract: tar.Extract,
+  root: string,
+  limits: ExtractLimits,
+  report: ExtractReport,
+  onWriting: (file: ExtractedFile | undefined) => void,
+  keep: (file: ExtractedFile) => void,
+): Promise<void> {
   for await (const entry of extract) {
     const { header } = entry;
     let shown = header.name;
@@ -99,23 +146,21 @@ export async function extractSafely(archive: Readable, dest: string, limits: Ext
       skip(`not written (${fh.code ?? fh.message})`);
       continue;
     }
-    let size = 0;
-    let kept = 0;
+    const file: ExtractedFile = { path: rel, size: 0, keptBytes: 0 };
+    onWriting(file);
     try {
       for await (const chunk of entry as AsyncIterable<Buffer>) {
-        size += chunk.length;
-        const take = Math.min(chunk.length, room - kept);
+        file.size += chunk.length;
+        const take = Math.min(chunk.length, room - file.keptBytes);
         if (take > 0) {
           await fh.write(chunk.subarray(0, take));
-          kept += take;
+          file.keptBytes += take;
         }
       }
     } finally {
       await fh.close();
     }
-    if (kept < size) report.truncated = true;
-    report.bytesWritten += kept;
-    report.files.push({ path: rel, size, keptBytes: kept });
+    onWriting(undefined);
+    keep(file);
   }
-  return report;
 }

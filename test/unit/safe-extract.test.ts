@@ -3,6 +3,7 @@ import { lstat, mkdtemp, readFile, readdir } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
+import tar from 'tar-stream';
 import { describe, expect, it } from 'vitest';
 import { tarBuffer } from '../../src/archive/tar-buffer.ts';
 import { extractSafely } from '../../src/evidence/safe-extract.ts';
@@ -59,7 +60,40 @@ describe('extractSafely', () => {
     expect(report.files).toEqual([{ path: 'a', size: 100, keptBytes: 60 }, { path: 'b', size: 100, keptBytes: 60 }]);
     expect(report.bytesWritten).toBe(120);
     expect(report.truncated).toBe(true);
-    expect(report.skipped).toEqual([{ path: 'c', reason: 'cap reached' }]);
+    // A file kept in part is named too: its 60 bytes do not pass for the whole file.
+    expect(report.skipped).toEqual([
+      { path: 'a', reason: 'cut to its first 60 of 100 bytes' },
+      { path: 'b', reason: 'cut to its first 60 of 100 bytes' },
+      { path: 'c', reason: 'cap reached' },
+    ]);
     expect((await readFile(path.join(dest, 'a'))).length).toBe(60);
+  });
+
+  it('stops reading an archive past maxReadBytes (a 16 GiB sparse file), keeping what came before and saying so', async () => {
+    const dest = await mkdtemp(path.join(os.tmpdir(), 'rf-extract-'));
+    const small = await tarBuffer((pack) => pack.entry({ name: 'first.txt' }, 'first'));
+    // A header that announces 16 GiB, then zeros for as long as anyone reads.
+    const pack = tar.pack();
+    pack.entry({ name: 'sparse.bin', size: 16 * 1024 ** 3 });
+    const header = await new Promise<Buffer>((resolve) => pack.once('data', (b: unknown) => resolve(Buffer.from(b as Buffer))));
+    let served = 0;
+    const chunk = Buffer.alloc(64 * 1024);
+    async function* stream() {
+      yield small.subarray(0, small.length - 1024); // without the end-of-archive blocks
+      yield header;
+      for (;;) {
+        served += chunk.length;
+        yield chunk;
+      }
+    }
+    const report = await extractSafely(Readable.from(stream()), dest, { maxBytes: 1000, maxFileBytes: 100, maxFiles: 10, maxReadBytes: 1024 * 1024 });
+    expect(served).toBeLessThan(2 * 1024 * 1024);
+    expect(report.truncated).toBe(true);
+    expect(report.files.map((f) => [f.path, f.keptBytes])).toEqual([['first.txt', 5], ['sparse.bin', 100]]);
+    expect(report.skipped).toEqual([
+      { path: 'sparse.bin', reason: expect.stringMatching(/^cut to its first 100 of at least \d+ bytes$/) as unknown as string },
+      { path: '*', reason: 'the rest not read: the archive passed 1048576 bytes' },
+    ]);
+    expect(await readFile(path.join(dest, 'first.txt'), 'utf8')).toBe('first');
   });
 });
