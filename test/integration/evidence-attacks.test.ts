@@ -19,7 +19,9 @@
 //   the evidence shows;
 // - the worker takes the next episode afterwards.
 //
-// Found at bcbdf2f (these cases fail there, every run):
+// Found at bcbdf2f (these cases failed there, every run; fixed since: a file kept in part is named in
+// `extraction.skipped` with what was kept, and the copy is read at most 4x the 16 MiB cap, the rest
+// said not read):
 // - a file past 4 MiB (30 MB, 4 MiB + 1 byte, a sparse 1,900 MiB or 16 GiB, a forged entry) is kept in
 //   the evidence workspace cut to its first 4 MiB and is not in `extraction.skipped` (which stays
 //   empty; only `truncated: true` for the whole copy): it looks like a complete 4 MiB file;
@@ -224,7 +226,8 @@ const ATTACKS: Record<string, Attack> = {
       'head -c 3000000 /dev/urandom > pad.bin',
       // Rehearsal: the daemon against a decoy, triggered by a tar the agent runs itself.
       `echo broken > /tmp/decoy.txt; T=/tmp/decoy.txt setsid sh /workspace/after-copy.sh ${Q} &`,
-      'usleep 100000; tar -cf - . | head -c 20000000 >/dev/null',
+      // (its reader dawdles, so the tar lives long enough for the daemon's pass over /proc under load)
+      'usleep 100000; tar -cf - . | { usleep 300000; head -c 20000000; } >/dev/null',
       'i=0; while [ $i -lt 150 ] && ! grep -qx fixed /tmp/decoy.txt; do usleep 20000; i=$((i+1)); done',
       'grep -qx fixed /tmp/decoy.txt && echo rehearsal=ok',
       // For real: nothing the agent does runs tar again; only the fleet's copy can trigger it.
@@ -463,6 +466,16 @@ describe('attacks on the workspace evidence', () => {
   const readText = (taskId: string, name: string) => readFile(path.join(attemptDir(taskId), name), 'utf8').catch(() => '');
   const evidenceOf = async (taskId: string) => JSON.parse(await readFile(path.join(attemptDir(taskId), 'evidence.json'), 'utf8')) as Evidence;
   const walkOf = (taskId: string) => walk(path.join(attemptDir(taskId), 'workspace'), attemptDir(taskId));
+  // Past the caps the read stops (README: evidence). What came after a huge file is then not kept,
+  // and the report must say the rest was not read; what is kept is the agent's.
+  const keptOrNotRead = async (taskId: string, ev: Evidence, w: Awaited<ReturnType<typeof walkOf>>, why: string, expected: string[]) => {
+    const names = w.files.map((f) => f.rel);
+    const notRead = (ev.workspace.extraction?.skipped ?? []).some((s) => s.path === '*' && /not read/.test(s.reason));
+    for (const name of expected) {
+      expect(names.includes(name) || notRead, `${why}\n${name}: neither kept nor covered by "the rest not read"`).toBe(true);
+    }
+    if (names.includes('state.txt')) expect(await readFile(path.join(attemptDir(taskId), 'workspace', 'state.txt'), 'utf8')).toBe('fixed\n');
+  };
   const describeResult = async (taskId: string) => {
     const r = byTask.get(taskId);
     const ev = await evidenceOf(taskId).catch((e: unknown) => String(e));
@@ -553,25 +566,24 @@ ${name}: not listed as skipped; kept in the evidence as ${kept ? `a ${kept.size}
     }
   });
 
-  it('sparse-1900m: graded on the real file; skipped with a reason, no 1,900 MiB on the host\'s disk, the rest extracted', async () => {
+  it('sparse-1900m: graded on the real file; named as cut, no 1,900 MiB on the host\'s disk, the rest extracted or said not read', async () => {
     const why = await describeResult('sparse-1900m');
     expect(byTask.get('sparse-1900m'), why).toMatchObject({ status: 'passed', reward: 1 });
     const ev = await evidenceOf('sparse-1900m');
     const w = await walkOf('sparse-1900m');
     const kept = w.files.find((f) => f.rel === 'sparse.bin');
     expect((ev.workspace.extraction?.skipped ?? []).map((s) => s.path), `${why}\nsparse.bin: not listed as skipped; kept in the evidence as ${kept ? `a ${kept.size}-byte file` : 'nothing'}`).toContain('sparse.bin');
-    expect(w.files.map((f) => f.rel).sort(), why).toEqual(expect.arrayContaining(['state.txt', 'zz-after.txt']));
-    expect(await readFile(path.join(attemptDir('sparse-1900m'), 'workspace', 'state.txt'), 'utf8')).toBe('fixed\n');
+    await keptOrNotRead('sparse-1900m', ev, w, why, ['state.txt', 'zz-after.txt']);
   });
 
-  it('sparse-16g: graded on the real file; the evidence still has evidence.json, workspace.diff and the answer, the big file named as skipped', async () => {
+  it('sparse-16g: graded on the real file; the evidence still has evidence.json and workspace.diff, the big file named as cut', async () => {
     const why = await describeResult('sparse-16g');
     expect(byTask.get('sparse-16g'), why).toMatchObject({ status: 'passed', reward: 1 });
     const files = await readdir(attemptDir('sparse-16g'));
     expect(files, `${why}\nevidence folder: ${JSON.stringify(files)}`).toEqual(expect.arrayContaining(['evidence.json', 'workspace.diff']));
     const w = await walkOf('sparse-16g');
-    expect(w.files.map((f) => f.rel), `${why}\nkept: ${JSON.stringify(w.files)}`).toContain('state.txt');
     const ev = await evidenceOf('sparse-16g');
+    await keptOrNotRead('sparse-16g', ev, w, why, ['state.txt']);
     const kept = w.files.find((f) => f.rel === 'sparse.bin');
     expect((ev.workspace.extraction?.skipped ?? []).map((s) => s.path), `${why}\nsparse.bin: not listed as skipped; kept in the evidence as ${kept ? `a ${kept.size}-byte file` : 'nothing'}`).toContain('sparse.bin');
   });
