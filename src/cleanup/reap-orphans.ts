@@ -15,7 +15,6 @@ import { LABEL } from '../sandbox/labels.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
 import { liveWorkers } from '../worker/lease.ts';
 import type { ResultsStore } from '../results/results-store.ts';
-import { untilAborted } from '../deadlines/deadline.ts';
 
 export interface ReapDeps {
   docker: Docker;
@@ -123,10 +122,8 @@ async function salvage(deps: ReapDeps, containerId: string, episodeId: string): 
       container.getArchive({ path: workdir, abortSignal }),
     )) as unknown as Readable;
     const dest = deps.evidence.salvageFolder(episodeId, containerId);
-    const extraction = extractSafely(archive, dest, { ...deps.salvageLimits, strip: 1 });
-    const deadline = AbortSignal.timeout(deps.callTimeoutMs);
-    deadline.addEventListener('abort', () => archive.destroy(), { once: true });
-    await untilAborted(extraction, deadline);
+    // What was read when the time is up is kept, and the rest said not read.
+    await extractSafely(archive, dest, { ...deps.salvageLimits, strip: 1 }, AbortSignal.timeout(deps.callTimeoutMs));
     // Into the artifact store now if it answers in time; else the outbox keeps it for later.
     await deps.publisher?.publishPath(dest, AbortSignal.timeout(deps.callTimeoutMs))
       .catch((err: unknown) => deps.log.warn({ containerId, episodeId, err: String(err) }, 'salvaged evidence not yet in the artifact store; the outbox keeps it'));

@@ -23,9 +23,13 @@ export interface Closed {
   oomKilled?: boolean;
 }
 
-/** Slices of the close reserve: marking the episode closing, handing the sandbox over, the result file. */
+/**
+ * Slices of the close reserve: marking the episode closing, handing the sandbox over, the result file,
+ * and, out of the evidence's share, the diff and evidence.json after the workspace is read.
+ */
 const BEGIN_MS = 2_000;
 const HAND_OVER_MS = 2_000;
+const AFTER_READ_MS = 3_000;
 export const RESULT_WRITE_MS = 500;
 
 /** Starts the close deadline: not a child of the episode's signal, since a cancel never interrupts close. */
@@ -51,7 +55,9 @@ export async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, s
   // Evidence gets what is left but the hand-over's and the result's slices.
   const handOverMs = Math.min(HAND_OVER_MS, budgetMs / 4);
   const collectSignal = deadline.within(deadline.remainingMs - handOverMs - RESULT_WRITE_MS, 'keeping evidence');
-  const collecting = collectEvidence(attempt, deps, state, collectSignal, closed);
+  // The engine's copy of the workspace stops being read in time to diff and write what it gave.
+  const readSignal = deadline.within(deadline.remainingMs - handOverMs - RESULT_WRITE_MS - Math.min(AFTER_READ_MS, budgetMs / 5), 'reading the workspace');
+  const collecting = collectEvidence(attempt, deps, state, { signal: collectSignal, readSignal }, closed);
   await untilAborted(collecting, collectSignal).catch((err: unknown) => {
     if (collectSignal.aborted) log.warn({ budgetMs }, 'evidence collection passed its share of the close reserve; kept what it had');
     else log.warn({ err: String(err) }, 'collecting evidence failed');
@@ -80,7 +86,13 @@ export async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, s
   return closed;
 }
 
-async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state: AttemptState, signal: AbortSignal, closed: Closed): Promise<void> {
+async function collectEvidence(
+  attempt: EpisodeAttempt,
+  deps: EpisodeDeps,
+  state: AttemptState,
+  { signal, readSignal }: { signal: AbortSignal; readSignal: AbortSignal },
+  closed: Closed,
+): Promise<void> {
   const { job } = attempt;
   const { task } = job;
   const { evidence, log } = deps;
@@ -108,7 +120,7 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
   } else {
     const tar = await state.session.getArchive(task.workdir, signal);
     signal.addEventListener('abort', () => tar.destroy(), { once: true });
-    extraction = await keepWorkspace(attempt, deps, tar);
+    extraction = await keepWorkspace(attempt, deps, tar, readSignal);
   }
   const snapshotDir = workspaceFolder(attempt, deps);
   const changes = await diffWorkspace(state.archive?.files('workspace') ?? new Map(), snapshotDir, extraction, deps.snapshotLimits.maxFileBytes);
@@ -128,8 +140,8 @@ async function collectEvidence(attempt: EpisodeAttempt, deps: EpisodeDeps, state
 const workspaceFolder = (attempt: EpisodeAttempt, deps: EpisodeDeps) => path.join(deps.evidence.folder(attempt.job.episodeId, attempt.attempt), 'workspace');
 
 /** Extracts a tar of the workdir (named as getArchive names it) into the attempt's evidence, as hostile. */
-export async function keepWorkspace(attempt: EpisodeAttempt, deps: EpisodeDeps, tar: Readable): Promise<ExtractReport> {
-  return extractSafely(tar, workspaceFolder(attempt, deps), { ...deps.snapshotLimits, strip: 1 });
+export async function keepWorkspace(attempt: EpisodeAttempt, deps: EpisodeDeps, tar: Readable, stop?: AbortSignal): Promise<ExtractReport> {
+  return extractSafely(tar, workspaceFolder(attempt, deps), { ...deps.snapshotLimits, strip: 1 }, stop);
 }
 
 /**

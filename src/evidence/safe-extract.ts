@@ -18,8 +18,9 @@ export interface ExtractLimits {
   strip?: number;
   /**
    * Bytes read from the archive, kept or not: past this the rest is not read (a sparse file of 16 GiB
-   * would otherwise stream whole, at ~100 MB/s, through a close reserve).
-   * @default 4 x maxBytes, plus 1 KiB (headers) per file allowed
+   * would otherwise stream whole, at ~100 MB/s, through a close reserve). Files after a big one are
+   * still found up to this bound: a 300 MB build output does not hide the file the diff is about.
+   * @default 64 x maxBytes (1 GiB at the default 16 MiB), plus 1 KiB (headers) per file allowed
    */
   maxReadBytes?: number;
 }
@@ -53,40 +54,52 @@ export function safeRelativePath(name: string, strip = 0): string | undefined {
   return kept.length === 0 ? undefined : kept.join('/');
 }
 
-export async function extractSafely(archive: Readable, dest: string, limits: ExtractLimits): Promise<ExtractReport> {
+/**
+ * `stop`, when it aborts, ends the read as the byte bound does: what was kept stays, the rest is said
+ * not read (so a caller with a deadline still has time to use what it got).
+ */
+export async function extractSafely(archive: Readable, dest: string, limits: ExtractLimits, stop?: AbortSignal): Promise<ExtractReport> {
   const root = path.resolve(dest);
   await mkdir(root, { recursive: true });
   const report: ExtractReport = { files: [], skipped: [], bytesWritten: 0, truncated: false };
   const extract = tar.extract();
   archive.on('error', (err) => extract.destroy(err));
-  const maxReadBytes = limits.maxReadBytes ?? limits.maxBytes * 4 + 1024 * (limits.maxFiles + 2);
+  const maxReadBytes = limits.maxReadBytes ?? limits.maxBytes * 64 + 1024 * (limits.maxFiles + 2);
   let read = 0;
-  let stopped = false;
+  let stopped: string | undefined;
+  const stopReading = (why: string) => {
+    if (stopped !== undefined) return;
+    stopped = why;
+    extract.destroy(new Error(why));
+    archive.destroy();
+  };
   archive.on('data', (chunk: Buffer) => {
     read += chunk.length;
-    if (read <= maxReadBytes || stopped) return;
-    stopped = true;
-    extract.destroy(new Error('read limit'));
-    archive.destroy();
+    if (read > maxReadBytes) stopReading(`the archive passed ${maxReadBytes} bytes`);
   });
+  const onStop = () => stopReading(`time ran out after ${read} bytes`);
+  if (stop?.aborted) onStop();
+  else stop?.addEventListener('abort', onStop, { once: true });
   archive.pipe(extract);
   // The file being written when the read stops.
   let writing: ExtractedFile | undefined;
   const keep = (file: ExtractedFile) => {
     report.bytesWritten += file.keptBytes;
     report.files.push(file);
-    if (file.keptBytes < file.size || stopped) {
+    if (file.keptBytes < file.size || stopped !== undefined) {
       report.truncated = true;
-      report.skipped.push({ path: file.path, reason: `cut to its first ${file.keptBytes} of ${stopped ? 'at least ' : ''}${file.size} bytes` });
+      report.skipped.push({ path: file.path, reason: `cut to its first ${file.keptBytes} of ${stopped !== undefined ? 'at least ' : ''}${file.size} bytes` });
     }
   };
   try {
     await extractEntries(extract, root, limits, report, (file) => (writing = file), keep);
   } catch (err) {
-    if (!stopped) throw err;
+    if (stopped === undefined) throw err;
     if (writing !== undefined) keep(writing);
     report.truncated = true;
-    report.skipped.push({ path: '*', reason: `the rest not read: the archive passed ${maxReadBytes} bytes` });
+    report.skipped.push({ path: '*', reason: `the rest not read: ${stopped}` });
+  } finally {
+    stop?.removeEventListener('abort', onStop);
   }
   return report;
 }

@@ -96,4 +96,51 @@ describe('extractSafely', () => {
     ]);
     expect(await readFile(path.join(dest, 'first.txt'), 'utf8')).toBe('first');
   });
+
+  it('finds a file after one far bigger than the cap under the default read bound (a build output does not hide the fix)', async () => {
+    const dest = await mkdtemp(path.join(os.tmpdir(), 'rf-extract-'));
+    // 6x the total cap (12x the file cap): the file is cut to the file cap, read past, and the next one kept whole.
+    const bytes = await tarBuffer((pack) => {
+      pack.entry({ name: 'big.bin' }, Buffer.alloc(12 * 1024 * 1024));
+      pack.entry({ name: 'state.txt' }, 'fixed\n');
+    });
+    const report = await extractSafely(Readable.from([bytes]), dest, { maxBytes: 2 * 1024 * 1024, maxFileBytes: 1024 * 1024, maxFiles: 10 });
+    expect(report.files).toEqual([{ path: 'big.bin', size: 12 * 1024 * 1024, keptBytes: 1024 * 1024 }, { path: 'state.txt', size: 6, keptBytes: 6 }]);
+    expect(report.skipped).toEqual([{ path: 'big.bin', reason: `cut to its first ${1024 * 1024} of ${12 * 1024 * 1024} bytes` }]);
+    expect(await readFile(path.join(dest, 'state.txt'), 'utf8')).toBe('fixed\n');
+  });
+
+  it('stops reading when its stop signal aborts, keeping what it had and saying time ran out', async () => {
+    const dest = await mkdtemp(path.join(os.tmpdir(), 'rf-extract-'));
+    const first = await tarBuffer((pack) => pack.entry({ name: 'first.txt' }, 'first'));
+    const pack = tar.pack();
+    pack.entry({ name: 'endless.bin', size: 16 * 1024 ** 3 });
+    const header = await new Promise<Buffer>((resolve) => pack.once('data', (b: unknown) => resolve(Buffer.from(b as Buffer))));
+    const stop = new AbortController();
+    let served = 0;
+    const chunk = Buffer.alloc(64 * 1024);
+    async function* stream() {
+      yield first.subarray(0, first.length - 1024);
+      yield header;
+      for (;;) {
+        served += chunk.length;
+        // Slow enough that no byte bound is near: only the signal ends this read.
+        if (served === 16 * chunk.length) stop.abort();
+        yield chunk;
+      }
+    }
+    const report = await extractSafely(Readable.from(stream()), dest, { maxBytes: 1024 * 1024, maxFileBytes: 100, maxFiles: 10 }, stop.signal);
+    expect(served).toBeLessThan(64 * chunk.length);
+    expect(report.files.map((f) => [f.path, f.keptBytes])).toEqual([['first.txt', 5], ['endless.bin', 100]]);
+    expect(report.skipped.at(-1)).toEqual({ path: '*', reason: expect.stringMatching(/^the rest not read: time ran out after \d+ bytes$/) as unknown as string });
+    expect(report.truncated).toBe(true);
+    expect(await readFile(path.join(dest, 'first.txt'), 'utf8')).toBe('first');
+  });
+
+  it('reads nothing past the headers when its stop signal has already aborted', async () => {
+    const dest = await mkdtemp(path.join(os.tmpdir(), 'rf-extract-'));
+    const report = await extractSafely(await archive([{ name: 'a.txt', body: 'a' }]), dest, { maxBytes: 1000, maxFileBytes: 100, maxFiles: 10 }, AbortSignal.abort());
+    expect(report.files).toEqual([]);
+    expect(report.skipped).toEqual([{ path: '*', reason: 'the rest not read: time ran out after 0 bytes' }]);
+  });
 });
