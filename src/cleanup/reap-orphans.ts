@@ -123,7 +123,8 @@ async function salvage(deps: ReapDeps, containerId: string, episodeId: string): 
     )) as unknown as Readable;
     const dest = deps.evidence.salvageFolder(episodeId, containerId);
     // What was read when the time is up is kept, and the rest said not read.
-    await extractSafely(archive, dest, { ...deps.salvageLimits, strip: 1 }, AbortSignal.timeout(deps.callTimeoutMs));
+    const extraction = await extractSafely(archive, dest, { ...deps.salvageLimits, strip: 1 }, AbortSignal.timeout(deps.callTimeoutMs));
+    if (extraction.truncated) deps.log.warn({ containerId, episodeId, skipped: extraction.skipped.slice(0, 20) }, 'salvaged workspace is partial');
     // Into the artifact store now if it answers in time; else the outbox keeps it for later.
     await deps.publisher?.publishPath(dest, AbortSignal.timeout(deps.callTimeoutMs))
       .catch((err: unknown) => deps.log.warn({ containerId, episodeId, err: String(err) }, 'salvaged evidence not yet in the artifact store; the outbox keeps it'));
