@@ -1,7 +1,7 @@
 // Thin processor of the `cleanup` queue: `remove-sandbox` jobs remove one sandbox; the scheduled
 // `reap` job removes orphans of dead workers and ended episodes. Failures retry with backoff.
 import type { Job } from 'bullmq';
-import { UnrecoverableError } from 'bullmq';
+import { DelayedError, UnrecoverableError } from 'bullmq';
 import type Docker from 'dockerode';
 import { reapOrphans, type ReapDeps, type ReapReport } from '../../src/cleanup/reap-orphans.ts';
 import { recordReaperRun } from '../../src/cleanup/reaper-runs.ts';
@@ -20,8 +20,16 @@ export interface CleanupProcessorDeps extends ReapDeps {
   runtimeMaxIdleMs: number;
 }
 
+/**
+ * How long a removal taken by workers of other engines is put back without spending an attempt; then
+ * its attempts count again (its host may be gone for good, and its reaper with it).
+ */
+export const OWN_ENGINE_WAIT_MS = 60 * 60 * 1000;
+/** Put back for 0.5 s, doubling each time another engine's worker takes it, up to 30 s. */
+const bounceDelayMs = (started: number) => Math.min(30_000, 500 * 2 ** Math.min(6, Math.max(0, started - 1)));
+
 export function cleanupProcessor(deps: CleanupProcessorDeps) {
-  return async (job: Job): Promise<CleanupResult | (ReapReport & { staleGenerationsRemoved: string[] })> => {
+  return async (job: Job, token?: string): Promise<CleanupResult | (ReapReport & { staleGenerationsRemoved: string[] })> => {
     if (job.name === REAP_JOB) {
       const started = Date.now();
       let report: ReapReport | undefined;
@@ -53,11 +61,17 @@ export function cleanupProcessor(deps: CleanupProcessorDeps) {
     const parsed = CleanupJob.safeParse(job.data);
     if (!parsed.success) throw new UnrecoverableError(`invalid cleanup job: ${describeIssues(parsed.error, job.data).join('; ')}`);
     // The queue is the fleet's, the sandbox one engine's: on another host's engine it would be "not
-    // found", and so wrongly counted removed. Another attempt (with backoff) may land on its host; the
-    // reaper of its engine finds it by its labels if none does.
+    // found", and so wrongly counted removed. It is put back, its attempts unspent, until a worker of
+    // its host takes it (with N hosts, 8 attempts spent this way missed its host (1 - 1/N)^8 of the
+    // time: 10% at 4); the reaper of its engine finds it by its labels if none ever does.
     const mine = parsed.data.engineId === undefined ? undefined : await engineId(deps.docker, { timeoutMs: deps.callTimeoutMs });
     if (mine !== undefined && mine !== parsed.data.engineId) {
-      throw new Error(`sandbox ${parsed.data.containerId.slice(0, 12)} runs on engine ${parsed.data.engineId}, not this worker's (${mine}); left for a worker of its host`);
+      const why = `sandbox ${parsed.data.containerId.slice(0, 12)} runs on engine ${parsed.data.engineId}, not this worker's (${mine}); left for a worker of its host`;
+      if (token !== undefined && Date.now() - job.timestamp < OWN_ENGINE_WAIT_MS) {
+        await job.moveToDelayed(Date.now() + bounceDelayMs(job.attemptsStarted), token);
+        throw new DelayedError(why);
+      }
+      throw new Error(why);
     }
     await removeContainer(deps.docker, parsed.data.containerId, parsed.data.timeoutMs);
     // A pooled sandbox's claim record is of no use once it is gone.

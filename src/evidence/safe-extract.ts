@@ -20,7 +20,7 @@ export interface ExtractLimits {
    * Bytes read from the archive, kept or not: past this the rest is not read (a sparse file of 16 GiB
    * would otherwise stream whole, at ~100 MB/s, through a close reserve). Files after a big one are
    * still found up to this bound: a 300 MB build output does not hide the file the diff is about.
-   * @default 64 x maxBytes (1 GiB at the default 16 MiB), plus 1 KiB (headers) per file allowed
+   * @default 32 x maxBytes (512 MiB at the default 16 MiB), plus 1 KiB (headers) per file allowed
    */
   maxReadBytes?: number;
 }
@@ -64,7 +64,7 @@ export async function extractSafely(archive: Readable, dest: string, limits: Ext
   const report: ExtractReport = { files: [], skipped: [], bytesWritten: 0, truncated: false };
   const extract = tar.extract();
   archive.on('error', (err) => extract.destroy(err));
-  const maxReadBytes = limits.maxReadBytes ?? limits.maxBytes * 64 + 1024 * (limits.maxFiles + 2);
+  const maxReadBytes = limits.maxReadBytes ?? limits.maxBytes * 32 + 1024 * (limits.maxFiles + 2);
   let read = 0;
   let stopped: string | undefined;
   const stopReading = (why: string) => {

@@ -20,7 +20,7 @@
 // - the worker takes the next episode afterwards.
 //
 // Found at bcbdf2f (these cases failed there, every run; fixed since: a file kept in part is named in
-// `extraction.skipped` with what was kept, and the copy is read at most 64x the 16 MiB cap and not
+// `extraction.skipped` with what was kept, and the copy is read at most 32x the 16 MiB cap and not
 // past the close reserve's evidence share less 3 s, the rest said not read):
 // - a file past 4 MiB (30 MB, 4 MiB + 1 byte, a sparse 1,900 MiB or 16 GiB, a forged entry) is kept in
 //   the evidence workspace cut to its first 4 MiB and is not in `extraction.skipped` (which stays

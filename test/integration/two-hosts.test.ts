@@ -7,9 +7,10 @@
 import { mkdtemp, readFile, readdir } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import type { Job } from 'bullmq';
+import { Queue, Worker, type Job } from 'bullmq';
+import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { REMOVE_SANDBOX_JOB } from '../../queues/cleanup/contract.ts';
+import { CLEANUP_QUEUE, REMOVE_SANDBOX_JOB, cleanupJobId, cleanupJobOptions } from '../../queues/cleanup/contract.ts';
 import { cleanupProcessor, type CleanupProcessorDeps } from '../../queues/cleanup/processor.ts';
 import { openArtifactStore } from '../../src/artifacts/open-store.ts';
 import { imageChecker } from '../../src/cli/queue-clients.ts';
@@ -156,5 +157,35 @@ describe.each(['s3', 'shared folder'] as const)('two hosts, one fleet (%s store)
     await expect(cleanupProcessor(deps(engineB.docker))(job(data))).resolves.toEqual({ removed: container.id });
     await expect(engineB.docker.getContainer(container.id).inspect()).rejects.toMatchObject({ statusCode: 404 });
     expect(await env.client.exists(sandboxClaimKey(env.prefix, container.id))).toBe(0);
+  });
+
+  it('puts back a removal another engine\'s worker takes, its attempts unspent, until a worker of its own engine removes it', async () => {
+    const container = await engineB.docker.createContainer({ Image: DEFAULT_IMAGE, Cmd: ['sleep', '600'], Labels: { [LABEL.fleet]: env.prefix } });
+    // A queue of its own: the file's worker processes do not take this job.
+    const prefix = `${env.prefix}-bounce`;
+    const connection = new Redis(env.redis.url, { maxRetriesPerRequest: null });
+    const queue = new Queue(CLEANUP_QUEUE, { connection, prefix });
+    const deps = (engine: typeof docker) => ({ docker: engine, redis: env.client, prefix, reapMinAgeMs: 60_000, runtimeMaxIdleMs: 3_600_000, callTimeoutMs: 10_000 }) as unknown as CleanupProcessorDeps;
+    const cleanupWorkers: Worker[] = [new Worker(CLEANUP_QUEUE, cleanupProcessor(deps(docker)), { connection, prefix })];
+    try {
+      const data = { episodeId: 'elsewhere.t.1', containerId: container.id, engineId: await engineId(engineB.docker, { timeoutMs: 10_000 }) };
+      const { id } = await queue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(data.episodeId, container.id) });
+      const job = async () => (await queue.getJob(id!))!;
+      // Only host A's worker: it takes the job again and again, and each time puts it back.
+      await waitFor('host A\'s worker to take the removal three times', async () => (await job()).attemptsStarted >= 3, 30_000);
+      expect((await job()).attemptsMade).toBe(0);
+      expect(await (await job()).getState()).toMatch(/^(delayed|waiting|active)$/);
+      expect((await engineB.docker.getContainer(container.id).inspect()).Id).toBe(container.id);
+      // Host B's worker joins: the removal lands there, and is done once.
+      cleanupWorkers.push(new Worker(CLEANUP_QUEUE, cleanupProcessor(deps(engineB.docker)), { connection, prefix }));
+      await waitFor('the removal on its own engine', async () => (await (await job()).getState()) === 'completed', 60_000);
+      expect((await job()).returnvalue).toEqual({ removed: container.id });
+      await expect(engineB.docker.getContainer(container.id).inspect()).rejects.toMatchObject({ statusCode: 404 });
+    } finally {
+      await Promise.all(cleanupWorkers.map((w) => w.close()));
+      await queue.close();
+      await connection.quit();
+      await engineB.docker.getContainer(container.id).remove({ force: true }).catch(() => undefined);
+    }
   });
 });
