@@ -222,10 +222,12 @@ function jsonBody(limit: number) {
  */
 function redisBound(client: FleetClient, timeoutMs: number) {
   const unavailable = (res: Response) => fail(res, 503, "the fleet's Redis is not reachable now; try again shortly");
+  // Not only Redis: a slow store or a loaded host ends here too, and the message does not guess.
+  const late = (res: Response) => fail(res, 503, `no answer within ${timeoutMs} ms (the fleet's Redis or artifact store is slow or away); try again shortly`);
   return (_req: Request, res: Response, next: NextFunction) => {
     if (!client.connected) return unavailable(res);
     const timer = setTimeout(() => {
-      if (!res.headersSent) unavailable(res);
+      if (!res.headersSent) late(res);
     }, timeoutMs);
     res.on('close', () => clearTimeout(timer));
     res.on('finish', () => clearTimeout(timer));
