@@ -24,7 +24,7 @@ export interface CleanupProcessorDeps extends ReapDeps {
  * How long a removal taken by workers of other engines is put back without spending an attempt; then
  * its attempts count again (its host may be gone for good, and its reaper with it).
  */
-export const OWN_ENGINE_WAIT_MS = 60 * 60 * 1000;
+const OWN_ENGINE_WAIT_MS = 60 * 60 * 1000;
 /** Put back for 0.5 s, doubling each time another engine's worker takes it, up to 30 s. */
 const bounceDelayMs = (started: number) => Math.min(30_000, 500 * 2 ** Math.min(6, Math.max(0, started - 1)));
 
