@@ -15,6 +15,7 @@ import { LABEL } from '../sandbox/labels.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
 import { liveWorkers } from '../worker/lease.ts';
 import type { ResultsStore } from '../results/results-store.ts';
+import { untilAborted } from '../deadlines/deadline.ts';
 
 export interface ReapDeps {
   docker: Docker;
@@ -122,8 +123,12 @@ async function salvage(deps: ReapDeps, containerId: string, episodeId: string): 
       container.getArchive({ path: workdir, abortSignal }),
     )) as unknown as Readable;
     const dest = deps.evidence.salvageFolder(episodeId, containerId);
-    // What was read when the time is up is kept, and the rest said not read.
-    const extraction = await extractSafely(archive, dest, { ...deps.salvageLimits, strip: 1 }, AbortSignal.timeout(deps.callTimeoutMs));
+    // What was read when the time is up is kept, and the rest said not read; a moment later the reaper
+    // goes on whatever the extraction is doing (a disk that hangs).
+    const extraction = await untilAborted(
+      extractSafely(archive, dest, { ...deps.salvageLimits, strip: 1 }, AbortSignal.timeout(deps.callTimeoutMs)),
+      AbortSignal.timeout(deps.callTimeoutMs + 5_000),
+    );
     if (extraction.truncated) deps.log.warn({ containerId, episodeId, skipped: extraction.skipped.slice(0, 20) }, 'salvaged workspace is partial');
     // Into the artifact store now if it answers in time; else the outbox keeps it for later.
     await deps.publisher?.publishPath(dest, AbortSignal.timeout(deps.callTimeoutMs))
