@@ -113,7 +113,7 @@ describe('warm sandbox pool', () => {
     const rescuer = spawnWorker({ ...env.env, ...fast, FLEET_SANDBOX_POOL: '0' }, 'pool-rescuer', 1);
     processes.push(rescuer);
     // Two sightings of the missing lease, the rescuer's start, a salvage and the removals: on a loaded
-    // engine (a compose stack beside it in CI) that took more than 30 s once.
+    // engine (a compose stack beside it in a full run) that took more than 30 s once.
     await waitFor('the dead worker\'s pool reaped', async () => (await pooled('pool-victim')).length === 0, 90_000, 200);
     // The claimed sandbox's workspace was kept as its episode's evidence; the unclaimed ones kept none.
     const folders = await readdir(path.join(env.dataDir, 'evidence', episodeId));
