@@ -54,9 +54,10 @@ export async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, s
 
   // Evidence gets what is left but the hand-over's and the result's slices.
   const handOverMs = Math.min(HAND_OVER_MS, budgetMs / 4);
-  const collectSignal = deadline.within(deadline.remainingMs - handOverMs - RESULT_WRITE_MS, 'keeping evidence');
+  const evidenceMs = deadline.remainingMs - handOverMs - RESULT_WRITE_MS;
+  const collectSignal = deadline.within(evidenceMs, 'keeping evidence');
   // The engine's copy of the workspace stops being read in time to diff and write what it gave.
-  const readSignal = deadline.within(deadline.remainingMs - handOverMs - RESULT_WRITE_MS - Math.min(AFTER_READ_MS, budgetMs / 5), 'reading the workspace');
+  const readSignal = deadline.within(evidenceMs - Math.min(AFTER_READ_MS, budgetMs / 5), 'reading the workspace');
   const collecting = collectEvidence(attempt, deps, state, { signal: collectSignal, readSignal }, closed);
   await untilAborted(collecting, collectSignal).catch((err: unknown) => {
     if (collectSignal.aborted) log.warn({ budgetMs }, 'evidence collection passed its share of the close reserve; kept what it had');

@@ -26,6 +26,29 @@ async function tree(dir: string): Promise<string[]> {
   return out.sort();
 }
 
+/**
+ * first.txt, then a header that announces 16 GiB and zeros for as long as anyone reads (the end
+ * of the archive never comes). `onChunk` sees the count of zero chunks served so far.
+ */
+async function endlessArchive(endlessName: string, onChunk: (served: number) => void = () => undefined) {
+  const first = await tarBuffer((pack) => pack.entry({ name: 'first.txt' }, 'first'));
+  const pack = tar.pack();
+  pack.entry({ name: endlessName, size: 16 * 1024 ** 3 });
+  const header = await new Promise<Buffer>((resolve) => pack.once('data', (b: unknown) => resolve(Buffer.from(b as Buffer))));
+  const chunk = Buffer.alloc(64 * 1024);
+  let served = 0;
+  async function* stream() {
+    yield first.subarray(0, first.length - 1024); // without the end-of-archive blocks
+    yield header;
+    for (;;) {
+      served += 1;
+      onChunk(served);
+      yield chunk;
+    }
+  }
+  return { archive: Readable.from(stream()), servedBytes: () => served * chunk.length, chunkBytes: chunk.length };
+}
+
 describe('extractSafely', () => {
   it('refuses traversal, absolute paths and links, and writes only inside its folder', async () => {
     const base = await mkdtemp(path.join(os.tmpdir(), 'rf-extract-'));
@@ -71,23 +94,9 @@ describe('extractSafely', () => {
 
   it('stops reading an archive past maxReadBytes (a 16 GiB sparse file), keeping what came before and saying so', async () => {
     const dest = await mkdtemp(path.join(os.tmpdir(), 'rf-extract-'));
-    const small = await tarBuffer((pack) => pack.entry({ name: 'first.txt' }, 'first'));
-    // A header that announces 16 GiB, then zeros for as long as anyone reads.
-    const pack = tar.pack();
-    pack.entry({ name: 'sparse.bin', size: 16 * 1024 ** 3 });
-    const header = await new Promise<Buffer>((resolve) => pack.once('data', (b: unknown) => resolve(Buffer.from(b as Buffer))));
-    let served = 0;
-    const chunk = Buffer.alloc(64 * 1024);
-    async function* stream() {
-      yield small.subarray(0, small.length - 1024); // without the end-of-archive blocks
-      yield header;
-      for (;;) {
-        served += chunk.length;
-        yield chunk;
-      }
-    }
-    const report = await extractSafely(Readable.from(stream()), dest, { maxBytes: 1000, maxFileBytes: 100, maxFiles: 10, maxReadBytes: 1024 * 1024 });
-    expect(served).toBeLessThan(2 * 1024 * 1024);
+    const { archive, servedBytes } = await endlessArchive('sparse.bin');
+    const report = await extractSafely(archive, dest, { maxBytes: 1000, maxFileBytes: 100, maxFiles: 10, maxReadBytes: 1024 * 1024 });
+    expect(servedBytes()).toBeLessThan(2 * 1024 * 1024);
     expect(report.truncated).toBe(true);
     expect(report.files.map((f) => [f.path, f.keptBytes])).toEqual([['first.txt', 5], ['sparse.bin', 100]]);
     expect(report.skipped).toEqual([
@@ -112,25 +121,13 @@ describe('extractSafely', () => {
 
   it('stops reading when its stop signal aborts, keeping what it had and saying time ran out', async () => {
     const dest = await mkdtemp(path.join(os.tmpdir(), 'rf-extract-'));
-    const first = await tarBuffer((pack) => pack.entry({ name: 'first.txt' }, 'first'));
-    const pack = tar.pack();
-    pack.entry({ name: 'endless.bin', size: 16 * 1024 ** 3 });
-    const header = await new Promise<Buffer>((resolve) => pack.once('data', (b: unknown) => resolve(Buffer.from(b as Buffer))));
     const stop = new AbortController();
-    let served = 0;
-    const chunk = Buffer.alloc(64 * 1024);
-    async function* stream() {
-      yield first.subarray(0, first.length - 1024);
-      yield header;
-      for (;;) {
-        served += chunk.length;
-        // Slow enough that no byte bound is near: only the signal ends this read.
-        if (served === 16 * chunk.length) stop.abort();
-        yield chunk;
-      }
-    }
-    const report = await extractSafely(Readable.from(stream()), dest, { maxBytes: 1024 * 1024, maxFileBytes: 100, maxFiles: 10 }, stop.signal);
-    expect(served).toBeLessThan(64 * chunk.length);
+    // The byte bound (32 MiB here) is far off: only the signal ends this read.
+    const { archive, servedBytes, chunkBytes } = await endlessArchive('endless.bin', (served) => {
+      if (served === 16) stop.abort();
+    });
+    const report = await extractSafely(archive, dest, { maxBytes: 1024 * 1024, maxFileBytes: 100, maxFiles: 10 }, stop.signal);
+    expect(servedBytes()).toBeLessThan(64 * chunkBytes);
     expect(report.files.map((f) => [f.path, f.keptBytes])).toEqual([['first.txt', 5], ['endless.bin', 100]]);
     expect(report.skipped.at(-1)).toEqual({ path: '*', reason: expect.stringMatching(/^the rest not read: time ran out after \d+ bytes$/) as unknown as string });
     expect(report.truncated).toBe(true);
