@@ -12,7 +12,7 @@ import { pipeline } from 'node:stream/promises';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import type { Logger } from 'pino';
 import { z } from 'zod';
-import { EpisodeResult } from '../../queues/episodes/contract.ts';
+import { EpisodeResult } from '../episode/episode-job.ts';
 import { isCursor, type FleetClient } from '../client/fleet-client.ts';
 import { describeIssues } from '../config/zod-issues.ts';
 import { FleetError } from '../errors/fleet-error.ts';

@@ -9,7 +9,7 @@ import type { Readable } from 'node:stream';
 import type { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { CHECKPOINT_JOB, checkpointJobId, checkpointJobOptions, type CheckpointJob } from '../../queues/checkpoints/contract.ts';
+import { CHECKPOINT_JOB, checkpointJobId, checkpointJobOptions, type CheckpointJob } from './checkpoint-job.ts';
 import { describeIssues } from '../config/zod-issues.ts';
 import { captureWorkspace } from './capture-workspace.ts';
 import { CheckpointOffer, type Checkpoint } from './checkpoint.ts';

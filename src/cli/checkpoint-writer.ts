@@ -4,7 +4,7 @@
 import { Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
+import { CHECKPOINTS_QUEUE } from '../checkpoints/checkpoint-job.ts';
 import { checkpointProcessor } from '../../queues/checkpoints/processor.ts';
 import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { FolderStore } from '../artifacts/folder-store.ts';

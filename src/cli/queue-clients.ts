@@ -2,10 +2,10 @@
 // because BullMQ takes ~0.4 s to load and `status` and `results` do not need it.
 import { FlowProducer, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
-import { BATCHES_QUEUE } from '../../queues/batches/contract.ts';
-import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
-import { CLEANUP_QUEUE } from '../../queues/cleanup/contract.ts';
-import { EPISODES_QUEUE } from '../../queues/episodes/contract.ts';
+import { BATCHES_QUEUE } from '../results/batch-job.ts';
+import { CHECKPOINTS_QUEUE } from '../checkpoints/checkpoint-job.ts';
+import { CLEANUP_QUEUE } from '../cleanup/cleanup-job.ts';
+import { EPISODES_QUEUE } from '../episode/episode-job.ts';
 import { dockerStatusOf, type Docker } from '../sandbox/docker-client.ts';
 import { isImageReference } from '../tasks/task-spec.ts';
 import { imageOnSomeHost, readHostFacts, type WorkerFacts } from '../worker/host-facts.ts';

@@ -8,7 +8,7 @@ import os from 'node:os';
 import type { Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import { Redis } from 'ioredis';
-import { EPISODES_QUEUE, type EpisodeResult } from '../../queues/episodes/contract.ts';
+import { EPISODES_QUEUE, type EpisodeResult } from '../episode/episode-job.ts';
 import { redactUrlCredentials } from '../config/zod-issues.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
 import type { FailureKind } from '../errors/failure-kind.ts';
@@ -24,7 +24,7 @@ import type { BatchFile } from '../tasks/batch-spec.ts';
 import { loadBatch, loadBatchObject, type LoadedBatch } from '../tasks/load-task.ts';
 import { storeTaskFolder, storeUploadedTask, type StoredTask } from '../tasks/task-upload.ts';
 
-export type { EpisodeResult } from '../../queues/episodes/contract.ts';
+export type { EpisodeResult } from '../episode/episode-job.ts';
 export type { BatchSummary } from '../results/batch-summary.ts';
 export type { TrajectoryRecord } from '../results/trajectory-export.ts';
 export type { StoredTask } from '../tasks/task-upload.ts';

@@ -1,6 +1,6 @@
 // The HTML of the batch pages: pure functions from data to escaped markup (see html.ts), so they can
 // be tested without a server and no value from a job, a task or an evidence file becomes markup.
-import { EpisodeStatus, type EpisodeResult } from '../../queues/episodes/contract.ts';
+import { EpisodeStatus, type EpisodeResult } from '../episode/episode-job.ts';
 import { FAILURE_KINDS, type FailureKind } from '../errors/failure-kind.ts';
 import type { BatchManifest } from '../results/results-store.ts';
 import type { BatchSummary } from '../results/batch-summary.ts';

@@ -12,7 +12,7 @@
 // what the running batches cost, not the whole history.
 import type { JobState, Queue } from 'bullmq';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+import type { EpisodeResult } from '../episode/episode-job.ts';
 import type { EndpointLimitMetrics } from '../model/fleet-limits.ts';
 import type { ResultsStore } from '../results/results-store.ts';
 import type { WorkerFacts } from '../worker/host-facts.ts';

@@ -4,7 +4,7 @@
 // the `tool` message that answers it), the checkpoints the reference agent took and where a resumed
 // attempt picked up — plus the agent's and the verifier's output, the result and the workspace diff.
 // Pure: no I/O, no markup. Every file is the agent's to fill: nothing is trusted to have a shape.
-import { EpisodeResult } from '../../queues/episodes/contract.ts';
+import { EpisodeResult } from '../episode/episode-job.ts';
 import { AgentEvent, EVENT_MARKER } from '../agent/reference/agent-events.ts';
 import { buildTrajectory, type TrajectoryTurn } from '../evidence/trajectory.ts';
 import type { ModelCallRecord } from '../model/call-evidence.ts';

@@ -3,7 +3,7 @@
 // Everything the agent wrote goes through `html` (escaped), with control and bidi characters made
 // visible; long text is folded in <details>, and the whole page has a budget of characters so a
 // megabyte-long tool output cannot make it slow. No script.
-import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+import type { EpisodeResult } from '../episode/episode-job.ts';
 import { batchHref, episodeHref, jobHref, layout, type Links } from './batch-view.ts';
 import { SafeHtml, html as escaped } from './html.ts';
 import type { ReadFile } from './transcript-evidence.ts';

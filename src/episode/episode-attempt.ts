@@ -3,7 +3,7 @@
 import type Docker from 'dockerode';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { EpisodeJob, EpisodeResult } from '../../queues/episodes/contract.ts';
+import type { EpisodeJob, EpisodeResult } from './episode-job.ts';
 import type { AgentRun } from '../agent/agent.ts';
 import type { Deadline } from '../deadlines/deadline.ts';
 import type { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';

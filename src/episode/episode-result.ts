@@ -1,7 +1,7 @@
 // Results of episodes that never ran a sandbox (a malformed payload, a cancel while waiting, a job
 // lost outside the processor): built from whatever of the payload can be trusted.
 import type { Job } from 'bullmq';
-import { EpisodeJob, type EpisodeResult } from '../../queues/episodes/contract.ts';
+import { EpisodeJob, type EpisodeResult } from './episode-job.ts';
 import { EPISODE_ID_PATTERN } from '../ids/episode-id.ts';
 
 const idOf = (value: unknown, fallback: string) => (typeof value === 'string' && EPISODE_ID_PATTERN.test(value) ? value : fallback);

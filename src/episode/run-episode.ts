@@ -1,6 +1,6 @@
 // One episode attempt, start to finish, phase by phase: set-up (and resume), agent, verification,
 // then close, each under its own deadline. Every failure becomes a result with a kind, or a retry.
-import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+import type { EpisodeResult } from './episode-job.ts';
 import type { AgentRun } from '../agent/agent.ts';
 import { stopOf } from '../errors/episode-stop.ts';
 import { toFleetError } from '../errors/fleet-error.ts';

@@ -2,7 +2,7 @@
 // and recorded cancelled; a running one is told to stop through Redis, wherever it runs; one that is
 // already closing is left to finish, and the caller is told so (a conflict).
 import type { Queue } from 'bullmq';
-import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+import type { EpisodeResult } from '../episode/episode-job.ts';
 import type { EpisodeControl } from '../episode/episode-control.ts';
 import { resultWithoutRun } from '../episode/episode-result.ts';
 import type { ResultsStore } from '../results/results-store.ts';

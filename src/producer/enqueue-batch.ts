@@ -6,9 +6,9 @@
 import { createHash } from 'node:crypto';
 import path from 'node:path';
 import type { FlowProducer, JobsOptions } from 'bullmq';
-import { BATCH_GATES_QUEUE, BATCHES_QUEUE, batchJobOptions, type BatchJob } from '../../queues/batches/contract.ts';
+import { BATCH_GATES_QUEUE, BATCHES_QUEUE, batchJobOptions, type BatchJob } from '../results/batch-job.ts';
 import type { Redis } from 'ioredis';
-import { EPISODES_QUEUE, EpisodeJob, episodeJobOptions } from '../../queues/episodes/contract.ts';
+import { EPISODES_QUEUE, EpisodeJob, episodeJobOptions } from '../episode/episode-job.ts';
 import { describeIssues } from '../config/zod-issues.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { printable } from '../errors/printable.ts';

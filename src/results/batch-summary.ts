@@ -1,7 +1,7 @@
 // The numbers of a batch: counts by status and failure kind, mean reward, pass@1 and pass@k for the
 // sampled k, phase durations (p50, p95) and tokens. What `status`, `enqueue --wait`, the batch parent
 // job and the dashboard show, computed from the results store (the results' outlines).
-import type { EpisodeStatus } from '../../queues/episodes/contract.ts';
+import type { EpisodeStatus } from '../episode/episode-job.ts';
 import type { FailureKind } from '../errors/failure-kind.ts';
 import type { ResultOutline } from './result-outline.ts';
 

@@ -2,7 +2,7 @@
 // about 100 bytes of the 700 or more of a whole result. The results store keeps one beside each result,
 // written and removed with it in the same Lua step, so `status` on a batch of 100,000 results reads
 // 10 MB of small arrays instead of 70 MB of results to validate one by one (seconds).
-import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+import type { EpisodeResult } from '../episode/episode-job.ts';
 import type { FailureKind } from '../errors/failure-kind.ts';
 
 export interface ResultOutline {

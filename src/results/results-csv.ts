@@ -1,5 +1,5 @@
 // Results as CSV, one row per episode, for spreadsheets and pandas.
-import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+import type { EpisodeResult } from '../episode/episode-job.ts';
 
 const COLUMNS: [string, (r: EpisodeResult) => unknown][] = [
   ['episode_id', (r) => r.episodeId],

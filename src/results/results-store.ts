@@ -6,7 +6,7 @@
 import path from 'node:path';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import { EpisodeResult } from '../../queues/episodes/contract.ts';
+import { EpisodeResult } from '../episode/episode-job.ts';
 import { writeFileAtomic } from '../files/atomic-write.ts';
 import {
   batchCompletionsKey, batchesKey, batchManifestKey, batchOutlinesKey, batchResultsKey, batchResultsVersionKey, batchSummaryCacheKey, batchSummaryKey, episodeRetryKey,

@@ -4,7 +4,7 @@
 // messages, per assistant turn its answer, usage and the token ids and logprobs the endpoint returned)
 // read from the artifact store, so any host can export any host's episodes. null when the episode ran
 // no model (a command agent without one, the oracle), or its attempt kept no trajectory.
-import type { EpisodeResult } from '../../queues/episodes/contract.ts';
+import type { EpisodeResult } from '../episode/episode-job.ts';
 import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { TRAJECTORY_FILE, type Trajectory } from '../evidence/trajectory.ts';
 

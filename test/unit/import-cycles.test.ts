@@ -1,6 +1,6 @@
 // The shape of the code, checked on every run: no file of src/ or queues/ reaches itself through its
 // static imports (type-only ones included; lazy `import()` is not counted, see import-graph.ts), queue
-// contracts stand on leaves only, and the layers below the composition root do not reach up into
+// contracts only re-export their jobs' definitions from src/, and the layers below the composition root do not reach up into
 // queue processors or contracts they must not know. A new cycle or a wrong-way import fails here,
 // naming the files.
 import { describe, expect, it } from 'vitest';
@@ -10,11 +10,8 @@ const graph = importGraph(['src', 'queues']);
 const files = [...graph.keys()];
 const importsOf = (file: string) => graph.get(file) ?? [];
 
-/** A leaf imports nothing of the repository (packages and node: only), so anything may import it. */
-const isLeaf = (file: string) => importsOf(file).length === 0;
-
-/** Who may import a queue processor: the composition root (src/cli/), which wires processors to workers. */
-const mayImportProcessors = (file: string) => file.startsWith('src/cli/');
+/** Who may import queues/ (its processors above all): the worker, which wires processors to BullMQ workers, and the CLI. */
+const mayImportQueues = (file: string) => file.startsWith('src/worker/') || file.startsWith('src/cli/');
 
 describe('imports', () => {
   it('are all found and resolved (the checks below would be blind otherwise)', () => {
@@ -32,10 +29,24 @@ describe('imports', () => {
     expect(findCycles(folderGraph(graph)).map((c) => c.join(' -> '))).toEqual([]);
   });
 
-  it('of a queue contract reach into src/ only for leaves', () => {
+  it('of a queue contract only re-export the definition of its job from src/', () => {
     const wrong = files
       .filter((f) => /^queues\/[^/]+\/contract\.ts$/.test(f))
-      .flatMap((contract) => importsOf(contract).filter((t) => !(t.startsWith('src/') && isLeaf(t))).map((t) => `${contract} -> ${t} (imports ${importsOf(t).join(', ') || 'nothing of src/ but is not in src/'})`));
+      .flatMap((contract) => importsOf(contract).filter((t) => !/^src\/[^/]+\/[a-z-]+-job\.ts$/.test(t)).map((t) => `${contract} -> ${t}`));
+    expect(wrong).toEqual([]);
+  });
+
+  it('of queues/ come, in src/, only from the worker (the composition of processors) and the CLI', () => {
+    const wrong = files
+      .filter((f) => f.startsWith('src/') && !mayImportQueues(f))
+      .flatMap((f) => importsOf(f).filter((t) => t.startsWith('queues/')).map((t) => `${f} -> ${t}`));
+    expect(wrong).toEqual([]);
+  });
+
+  it('of the CLI come from nowhere in src/ but the CLI itself', () => {
+    const wrong = files
+      .filter((f) => f.startsWith('src/') && !f.startsWith('src/cli/'))
+      .flatMap((f) => importsOf(f).filter((t) => t.startsWith('src/cli/')).map((t) => `${f} -> ${t}`));
     expect(wrong).toEqual([]);
   });
 
@@ -46,7 +57,7 @@ describe('imports', () => {
 
   it('of a queue processor come only from the composition root', () => {
     const wrong = files
-      .filter((f) => f.startsWith('src/') && !mayImportProcessors(f))
+      .filter((f) => f.startsWith('src/') && !mayImportQueues(f))
       .flatMap((f) => importsOf(f).filter((t) => /^queues\/[^/]+\/processor\.ts$/.test(t)).map((t) => `${f} -> ${t}`));
     expect(wrong).toEqual([]);
   });

@@ -1,0 +1,92 @@
+// The `episodes` queue: one job per episode, job id = episode id (so enqueueing the same batch twice
+// adds nothing). Payload and result schemas, and the default job options.
+import type { JobsOptions } from 'bullmq';
+import { z } from 'zod';
+import { EpisodeId } from '../ids/episode-id.ts';
+import { FAILURE_KINDS, MAX_RETRIES_PER_KIND } from '../errors/failure-kind.ts';
+import { AgentSpec, ModelOptions } from '../tasks/agent-spec.ts';
+import { TaskSpec } from '../tasks/task-spec.ts';
+
+export const EPISODES_QUEUE = 'episodes';
+
+const id = EpisodeId;
+
+export const EpisodeJob = z.strictObject({
+  episodeId: id,
+  batchId: id,
+  /** 0-based sample index of this task within the batch. */
+  sample: z.number().int().min(0),
+  task: TaskSpec,
+  /** sha256 of the packed task folder in the task store: what exactly this episode ran. */
+  taskDigest: z.string().regex(/^[0-9a-f]{64}$/, 'a sha256 in hex'),
+  agent: AgentSpec,
+  /** The batch's model options (token capture). */
+  model: ModelOptions.optional(),
+  enqueuedAt: z.iso.datetime(),
+});
+export type EpisodeJob = z.infer<typeof EpisodeJob>;
+
+export const EpisodeStatus = z.enum(['passed', 'failed', 'timeout', 'cancelled', 'error']);
+export type EpisodeStatus = z.infer<typeof EpisodeStatus>;
+
+const Captured = z.object({ exitCode: z.number().int().nullable(), timedOut: z.boolean(), durationMs: z.number() });
+
+export const EpisodeResult = z.object({
+  episodeId: z.string(),
+  batchId: z.string(),
+  taskId: z.string(),
+  sample: z.number().int(),
+  status: EpisodeStatus,
+  /** Set when status is error: which kind of failure, with its stable code and message. */
+  error: z.object({ kind: z.enum(FAILURE_KINDS), code: z.string(), message: z.string() }).optional(),
+  /** 1 or 0 from the verifier; null when the episode was not graded. */
+  reward: z.number().nullable(),
+  /** Attempts this episode took, the last included. */
+  attempts: z.number().int().min(1),
+  workerId: z.string(),
+  timings: z.object({
+    setupMs: z.number().optional(),
+    agentMs: z.number().optional(),
+    verifyMs: z.number().optional(),
+    closeMs: z.number().optional(),
+    totalMs: z.number(),
+  }),
+  provenance: z.object({
+    taskDigest: z.string(),
+    image: z.string(),
+    imageId: z.string().optional(),
+    agent: AgentSpec,
+  }),
+  agent: Captured.optional(),
+  verifier: Captured.optional(),
+  /** The runtime generation the sandbox mounted, whether it was already installed, and preparation time. */
+  runtime: z.object({ generationId: z.string(), warm: z.boolean(), prepareMs: z.number() }).optional(),
+  /** The attempt's sandbox: its container, and whether it was a warm one claimed from the worker's pool. */
+  sandbox: z.object({ containerId: z.string(), pooled: z.boolean() }).optional(),
+  /** The checkpoint (seq) this attempt resumed from, when an earlier attempt left one. */
+  resumedFrom: z.number().int().optional(),
+  /** Model tokens the agent used (LLM agents only). */
+  usage: z.object({ promptTokens: z.number(), completionTokens: z.number(), totalTokens: z.number() }).optional(),
+  /** The kernel killed the sandbox for exceeding its memory limit. */
+  oomKilled: z.boolean().optional(),
+  startedAt: z.string(),
+  endedAt: z.string(),
+});
+export type EpisodeResult = z.infer<typeof EpisodeResult>;
+
+/** Backoff of retried episodes: 2 s, 4 s, 8 s ... at most a minute. */
+export function episodeBackoffMs(attemptsMade: number): number {
+  return Math.min(60_000, 2_000 * 2 ** Math.max(0, attemptsMade - 1));
+}
+
+/**
+ * Retryable failures back off exponentially; BullMQ's attempts is only the ceiling, the processor
+ * applies the budget of each kind. Finished jobs are kept 7 days: while a job is kept, enqueueing its
+ * batch again adds nothing.
+ */
+export const episodeJobOptions = {
+  attempts: 1 + MAX_RETRIES_PER_KIND * 2,
+  backoff: { type: 'custom' },
+  removeOnComplete: { age: 7 * 24 * 3600 },
+  removeOnFail: { age: 7 * 24 * 3600 },
+} as const satisfies JobsOptions;
