@@ -36,9 +36,9 @@ import { ResultsStore } from '../results/results-store.ts';
 import { untilAborted } from '../deadlines/deadline.ts';
 import { RedisOutageLog } from '../redis/outage-log.ts';
 import { engineId } from '../sandbox/docker-client.ts';
-import { startAdmission, type AdmissionOptions, type AdmissionRunner } from '../worker/admission.ts';
-import { startHostFacts } from '../worker/host-facts.ts';
-import { startLease } from '../worker/lease.ts';
+import { startAdmission, type AdmissionOptions, type AdmissionRunner } from './admission.ts';
+import { startHostFacts } from './host-facts.ts';
+import { startLease } from '../cleanup/worker-lease.ts';
 import { SandboxPool } from '../sandbox/sandbox-pool.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
 
