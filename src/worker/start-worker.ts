@@ -23,6 +23,7 @@ import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { FolderStore } from '../artifacts/folder-store.ts';
 import { checkpointStorage } from '../checkpoints/open-checkpoint-storage.ts';
 import { EvidencePublisher } from '../evidence/publish-evidence.ts';
+import { OUTBOX_INTERVAL_MS, startOutbox } from '../evidence/outbox-loop.ts';
 import { DEFAULT_RETRY_BUDGETS } from '../errors/failure-kind.ts';
 import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { endpointLimiter } from '../model/fleet-limits.ts';
@@ -125,10 +126,6 @@ export interface WorkerHandle {
 /** Time close() may take past the drain timeout before it cuts its connections. */
 export const CLOSE_GRACE_MS = 5_000;
 
-/** How often evidence left in the outbox is published again, and how long each folder gets. */
-const OUTBOX_INTERVAL_MS = 30_000;
-const OUTBOX_CALL_MS = 60_000;
-
 export const DEFAULT_SNAPSHOT_LIMITS: ExtractLimits = { maxBytes: 16 * 1024 * 1024, maxFileBytes: 4 * 1024 * 1024, maxFiles: 2_000 };
 
 export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
@@ -182,17 +179,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const evidence = new EvidenceStore(opts.dataDir);
   // Evidence that could not be published at close (the store down or slow) goes from the outbox later.
   const publisher = new EvidencePublisher(artifacts, opts.dataDir, log);
-  // One drain at a time: with a slow store a drain can outlast the interval, and overlapping ones
-  // would only copy the same folders twice.
-  let draining: Promise<unknown> | undefined;
-  const drainOutbox = () => {
-    draining ??= publisher.drainOutbox(OUTBOX_CALL_MS)
-      .catch((err: unknown) => log.warn({ err: String(err) }, 'outbox drain failed'))
-      .finally(() => (draining = undefined));
-  };
-  const outbox = publisher.local ? undefined : setInterval(drainOutbox, opts.outboxIntervalMs ?? OUTBOX_INTERVAL_MS);
-  outbox?.unref();
-  if (!publisher.local) drainOutbox();
+  const stopOutbox = startOutbox(publisher, opts.outboxIntervalMs ?? OUTBOX_INTERVAL_MS, log);
   const control = new EpisodeControl(connection, prefix);
   const running = new RunningEpisodes();
   const lease = await startLease(connection, prefix, workerId, leaseTtlMs, log);
@@ -321,7 +308,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       await step('runtime warm-up', () => warmUp);
       await step('checkpoint sink', () => checkpointSink.close());
       await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close()]));
-      if (outbox !== undefined) clearInterval(outbox);
+      stopOutbox();
       await step('lease', () => Promise.all([lease.stop(), hostFacts.stop()]));
       await step('queues', () => Promise.all([cleanupQueue.close(), checkpointsQueue.close()]));
       await step('connections', () => Promise.all([subscriber, connection].map((c) => c.quit().catch(() => c.disconnect()))));
