@@ -27,8 +27,7 @@ import { OUTBOX_INTERVAL_MS, startOutbox } from '../evidence/outbox-loop.ts';
 import { DEFAULT_RETRY_BUDGETS } from '../errors/failure-kind.ts';
 import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { endpointLimiter } from '../model/fleet-limits.ts';
-import { prepareRuntime } from '../runtime/prepare-runtime.ts';
-import { defaultRuntimeInputs, type RuntimeInputs } from '../runtime/runtime-inputs.ts';
+import { runtimePreparer } from '../runtime/runtime-preparer.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
 import { RunningEpisodes } from '../episode/running-episodes.ts';
 import { EvidenceStore } from '../evidence/evidence-store.ts';
@@ -148,25 +147,10 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   outages.watchClient(subscriber, 'cancel-subscriber');
 
   const results = new ResultsStore(connection, prefix, opts.dataDir);
-  // The runtime's inputs (node, its libraries, the bundled sandbox programs) are gathered once.
-  let inputs: Promise<RuntimeInputs> | undefined;
-  const runtimeInputs = () => {
-    inputs ??= (async () => {
-      const cache = path.join(opts.dataDir, 'runtime-src');
-      return defaultRuntimeInputs(await sandboxPrograms(cache), { cacheDir: cache });
-    })();
-    inputs.catch(() => (inputs = undefined));
-    return inputs;
-  };
-  const runtimeDeps = { docker, redis: connection, prefix, log };
-  let generation: string | undefined;
-  const prepare = async (signal?: AbortSignal) => {
-    const prepared = await prepareRuntime(runtimeDeps, await runtimeInputs(), { callTimeoutMs: opts.callTimeoutMs, ...(signal && { signal }) });
-    generation = prepared.generationId;
-    return prepared;
-  };
+  // Every generation carries the bundled sandbox programs (the reference agent, the model forwarder).
+  const runtime = runtimePreparer({ docker, redis: connection, prefix, log, dataDir: opts.dataDir, callTimeoutMs: opts.callTimeoutMs, extraFiles: sandboxPrograms });
   // Warm the runtime generation now, so the first episodes do not pay its install in their set-up.
-  const warmUp = prepare().then(() => undefined, (err: unknown) => log.warn({ err: String(err) }, 'runtime generation not prepared at start; episodes will try again'));
+  const warmUp = runtime.prepare().then(() => undefined, (err: unknown) => log.warn({ err: String(err) }, 'runtime generation not prepared at start; episodes will try again'));
   const checkpointsQueue = new Queue(CHECKPOINTS_QUEUE, { connection, prefix });
   checkpointsQueue.on('error', outages.listener('connection', 'checkpoints queue error'));
   const checkpointSink = new CheckpointSink({
@@ -214,7 +198,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   // Its facts tell the dashboard what runs here, in which phase, within a moment of a change.
   const hostFacts = startHostFacts({
     redis: connection, prefix, docker, workerId, concurrency: opts.concurrency, dataDir: opts.dataDir,
-    ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: () => generation, log,
+    ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: runtime.generation, log,
     running: () => running.list(), poolReady: () => pool.readyCount, admission: () => admission.snapshot(),
   });
   running.onChange(hostFacts.touch);
@@ -237,7 +221,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     // One limiter per worker and endpoint: its state is in Redis, shared with every other worker.
     model: opts.model && { ...opts.model, limiter: endpointLimiter(opts.model.baseUrl, opts.model.limits ?? {}, opts.model.requestTimeoutMs, { redis: connection, prefix, log }) },
     checkpoints: { sink: checkpointSink, store: checkpointStore },
-    prepareRuntime: prepare,
+    prepareRuntime: runtime.prepare,
     pool,
     async scheduleCleanup(episodeId, containerId) {
       const data: CleanupJob = CleanupJob.parse({ episodeId, containerId, engineId: await engineId(docker, { timeoutMs: opts.callTimeoutMs }) });
