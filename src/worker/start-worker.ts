@@ -11,7 +11,9 @@ import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { BATCHES_QUEUE } from '../results/batch-job.ts';
 import { batchProcessor } from '../../queues/batches/processor.ts';
-import { CLEANUP_QUEUE, CleanupJob, REAPER_SCHEDULER_ID, REAP_JOB, REMOVE_SANDBOX_JOB, cleanupJobId, cleanupJobOptions } from '../cleanup/cleanup-job.ts';
+import { CLEANUP_QUEUE } from '../cleanup/cleanup-job.ts';
+import { cleanupHandOver } from '../cleanup/cleanup-hand-over.ts';
+import { scheduleReaper } from '../cleanup/reaper-schedule.ts';
 import { cleanupProcessor } from '../../queues/cleanup/processor.ts';
 import { EPISODES_QUEUE, episodeBackoffMs } from '../episode/episode-job.ts';
 import { CHECKPOINTS_QUEUE } from '../checkpoints/checkpoint-job.ts';
@@ -35,7 +37,6 @@ import type { ExtractLimits } from '../evidence/safe-extract.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { untilAborted } from '../deadlines/deadline.ts';
 import { RedisOutageLog } from '../redis/outage-log.ts';
-import { engineId } from '../sandbox/docker-client.ts';
 import { startAdmission, type AdmissionOptions, type AdmissionRunner } from './admission.ts';
 import { startHostFacts } from './host-facts.ts';
 import { startLease } from '../cleanup/worker-lease.ts';
@@ -184,11 +185,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
 
   const cleanupQueue = new Queue(CLEANUP_QUEUE, { connection, prefix });
   cleanupQueue.on('error', outages.listener('connection', 'cleanup queue error'));
-  await cleanupQueue.upsertJobScheduler(REAPER_SCHEDULER_ID, { every: reaperIntervalMs }, {
-    name: REAP_JOB,
-    data: {},
-    opts: { removeOnComplete: 50, removeOnFail: 50 },
-  });
+  await scheduleReaper(cleanupQueue, reaperIntervalMs);
 
   const workerOpts = { connection, prefix, name: workerId, lockDuration, stalledInterval: lockDuration };
   const pool = new SandboxPool({
@@ -223,10 +220,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     checkpoints: { sink: checkpointSink, store: checkpointStore },
     prepareRuntime: runtime.prepare,
     pool,
-    async scheduleCleanup(episodeId, containerId) {
-      const data: CleanupJob = CleanupJob.parse({ episodeId, containerId, engineId: await engineId(docker, { timeoutMs: opts.callTimeoutMs }) });
-      await cleanupQueue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
-    },
+    scheduleCleanup: cleanupHandOver(cleanupQueue, docker, opts.callTimeoutMs),
   };
   // A stall (the worker running the attempt died) is an infrastructure failure: BullMQ may hand the
   // job back as often as the infra budget allows (its default, 1, ended episodes after two kills), and
