@@ -25,7 +25,7 @@ import { CheckpointSink } from '../src/checkpoints/checkpoint-sink.ts';
 import type { CheckpointOffer } from '../src/checkpoints/checkpoint.ts';
 import { startPrivateRedis } from '../src/cli/private-redis.ts';
 import { writeFileAtomic } from '../src/files/atomic-write.ts';
-import { startCheckpointWriter } from '../src/cli/checkpoint-writer.ts';
+import { startCheckpointWriter } from '../src/worker/checkpoint-writer.ts';
 
 /** The compiled CLI (`npm run build`), as workers run it. */
 const BIN = fileURLToPath(new URL('../dist/src/cli/bin.js', import.meta.url));

@@ -13,7 +13,7 @@ import { leaseMissingKey, reapedCountKey, sandboxClaimKey } from '../redis/redis
 import { dockerCall } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
-import { liveWorkers } from '../worker/lease.ts';
+import { liveWorkers } from './worker-lease.ts';
 import type { ResultsStore } from '../results/results-store.ts';
 import { untilAborted } from '../deadlines/deadline.ts';
 

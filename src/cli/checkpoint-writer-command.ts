@@ -4,7 +4,7 @@ import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import { Redis } from 'ioredis';
 import { RedisOutageLog } from '../redis/outage-log.ts';
-import { startCheckpointWriter } from './checkpoint-writer.ts';
+import { startCheckpointWriter } from '../worker/checkpoint-writer.ts';
 import { CHECKPOINT_WRITER_OPTIONS } from './command-table.ts';
 import { UsageError, requireRedisUrl, type Cli } from './context.ts';
 import { openArtifactStore } from '../artifacts/open-store.ts';

@@ -1,10 +1,10 @@
 // The only place that reads the environment and builds clients: config, the root logger, Redis
 // connections and the Docker client (queues: queue-clients.ts), handed to the domain code as
 // arguments. It loads neither BullMQ nor dockerode, so `status` and `results` start quickly.
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import { pino, type Logger } from 'pino';
 import { loadConfig, type FleetConfig } from '../config/config.ts';
-import { redactUrlCredentials } from '../config/zod-issues.ts';
+import { connectRedis } from '../redis/connect-redis.ts';
 import type { Docker } from '../sandbox/docker-client.ts';
 
 export class UsageError extends Error {
@@ -46,15 +46,6 @@ export function requireRedisUrl(config: FleetConfig): string {
 }
 
 /** A producer-side connection: fails fast instead of queueing commands while Redis is away. */
-export async function connectProducer(url: string, connectionName = 'rf-cli'): Promise<Redis> {
-  const redis = new Redis(url, { lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 1, connectionName });
-  let lastError: Error | undefined;
-  redis.on('error', (err: Error) => (lastError = err));
-  try {
-    await redis.connect();
-  } catch (err) {
-    redis.disconnect();
-    throw new UsageError(`cannot connect to Redis at ${redactUrlCredentials(url)}: ${redactUrlCredentials((lastError ?? (err as Error)).message)}`);
-  }
-  return redis;
+export function connectProducer(url: string, connectionName = 'rf-cli'): Promise<Redis> {
+  return connectRedis(url, { enableOfflineQueue: false, maxRetriesPerRequest: 1, connectionName }, UsageError);
 }

@@ -7,7 +7,7 @@ import { parseArgs } from 'node:util';
 import type { FleetConfig } from '../config/config.ts';
 import { untilAborted } from '../deadlines/deadline.ts';
 import type { ModelSettings } from '../episode/episode-attempt.ts';
-import { CLOSE_GRACE_MS, startWorker, type WorkerHandle } from './worker-process.ts';
+import { CLOSE_GRACE_MS, startWorker, type WorkerHandle } from '../worker/start-worker.ts';
 import { WORKER_OPTIONS } from './command-table.ts';
 import { positiveOption, requireRedisUrl, type Cli } from './context.ts';
 import { openArtifactStore } from '../artifacts/open-store.ts';

@@ -7,9 +7,9 @@ import { randomBytes } from 'node:crypto';
 import os from 'node:os';
 import type { Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
-import { Redis } from 'ioredis';
+import type { Redis } from 'ioredis';
 import { EPISODES_QUEUE, type EpisodeResult } from '../episode/episode-job.ts';
-import { redactUrlCredentials } from '../config/zod-issues.ts';
+import { connectRedis } from '../redis/connect-redis.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
 import type { FailureKind } from '../errors/failure-kind.ts';
 import { cancelEpisode, type CancelOutcome } from '../producer/cancel-episodes.ts';
@@ -103,16 +103,8 @@ export class FleetClient {
    */
   static async connect(opts: FleetClientOptions): Promise<FleetClient> {
     const prefix = opts.prefix ?? 'rf';
-    const redis = new Redis(opts.redisUrl, { maxRetriesPerRequest: null, connectionName: 'rf-client', lazyConnect: true });
-    let lastError: Error | undefined;
     // Connection errors are retried by ioredis (and by the iterator); they are not the caller's.
-    redis.on('error', (err: Error) => (lastError = err));
-    try {
-      await redis.connect();
-    } catch (err) {
-      redis.disconnect();
-      throw new FleetConnectionError(`cannot connect to Redis at ${redactUrlCredentials(opts.redisUrl)}: ${redactUrlCredentials((lastError ?? (err as Error)).message)}`);
-    }
+    const redis = await connectRedis(opts.redisUrl, { maxRetriesPerRequest: null, connectionName: 'rf-client' }, FleetConnectionError);
     const dataDir = opts.dataDir ?? os.tmpdir();
     return new FleetClient(redis, prefix, new ResultsStore(redis, prefix, dataDir), dataDir, opts);
   }

@@ -7,7 +7,7 @@ import type { AddressInfo } from 'node:net';
 import type { Queue } from 'bullmq';
 import express, { type ErrorRequestHandler, type Express, type RequestHandler } from 'express';
 import type { Redis } from 'ioredis';
-import { countLeases } from '../worker/lease.ts';
+import { countLeases } from '../cleanup/worker-lease.ts';
 import { readHostFacts } from '../worker/host-facts.ts';
 import type { Logger } from 'pino';
 import { BATCHES_QUEUE } from '../results/batch-job.ts';

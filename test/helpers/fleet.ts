@@ -18,7 +18,7 @@ import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { ResultsStore } from '../../src/results/results-store.ts';
-import { startWorker, type WorkerHandle, type WorkerOptions } from '../../src/cli/worker-process.ts';
+import { startWorker, type WorkerHandle, type WorkerOptions } from '../../src/worker/start-worker.ts';
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 /** The compiled CLI, as installed (test/helpers/build-dist.ts brings it up to date). */

@@ -3,7 +3,7 @@
 // once: raised from 1 while the engine is healthy, cut to the floor when every call counts as too slow
 // (a latency budget of 0 ms). The allowance and the measured latency reach the host facts and /metrics.
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { createFleetMetrics } from '../../src/dashboard/fleet-metrics.ts';
 import { readHostFacts } from '../../src/worker/host-facts.ts';
 import { enqueueFile, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';

@@ -12,7 +12,7 @@ import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createApiApp } from '../../src/api/api-server.ts';
 import { FleetClient } from '../../src/client/fleet-client.ts';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { MAX_TASK_ARCHIVE_BYTES, digestTask } from '../../src/tasks/pack-task.ts';
 import { collectBytes } from '../../src/archive/tar-buffer.ts';
 import { silentLog, startEnvWorker, startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';

@@ -20,7 +20,7 @@ import zlib from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createApiApp } from '../../src/api/api-server.ts';
 import { FleetClient } from '../../src/client/fleet-client.ts';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { startPrivateRedis } from '../../src/cli/private-redis.ts';
 import { ROOT, silentLog, startEnvWorker, startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
 import { episodeCancelKey } from '../../src/redis/redis-keys.ts';

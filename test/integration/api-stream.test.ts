@@ -8,7 +8,7 @@ import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createApiApp } from '../../src/api/api-server.ts';
 import { FleetClient } from '../../src/client/fleet-client.ts';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { runCli, silentLog, startEnvWorker, startFleetEnv, type FleetEnv } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 

@@ -8,7 +8,7 @@ import { episodeJobOptions } from '../../queues/episodes/contract.ts';
 import { planBatch, storeTaskArchives } from '../../src/producer/enqueue-batch.ts';
 import { fleetKeyPattern } from '../../src/redis/redis-keys.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { EXAMPLES, runCli, startFleetEnv, waitFor, waitForResults, type FleetEnv, startEnvWorker } from '../helpers/fleet.ts';
 
 /** A temp folder with copies of example tasks and a batch file naming them. */

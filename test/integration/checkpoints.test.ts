@@ -16,7 +16,7 @@ import type { Checkpoint } from '../../src/checkpoints/checkpoint.ts';
 import { CheckpointSink } from '../../src/checkpoints/checkpoint-sink.ts';
 import { CheckpointStore } from '../../src/checkpoints/checkpoint-store.ts';
 import { redisEpisodeLock } from '../../src/checkpoints/episode-lock.ts';
-import { startCheckpointWriter } from '../../src/cli/checkpoint-writer.ts';
+import { startCheckpointWriter } from '../../src/worker/checkpoint-writer.ts';
 import { silentLog, startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
 import { allStaged, offerOf, redisHoldings, sha256, streamOf, workspaceTar } from '../helpers/checkpoints.ts';
 

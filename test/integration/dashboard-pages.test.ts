@@ -10,7 +10,7 @@ import path from 'node:path';
 import { chromium, type BrowserContext, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { ROOT, enqueueFile, spawnDashboard, startEnvWorker, startFleetEnv, waitFor, waitForResults, type Dashboard, type FleetEnv } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 

@@ -10,7 +10,7 @@ import { chromium, type BrowserContext } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { runCli, spawnDashboard, type Dashboard, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 

@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { startPrivateRedis } from '../../src/cli/private-redis.ts';
 import { enqueueFile, fleetEnvOn, startEnvWorker, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';

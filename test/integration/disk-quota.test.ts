@@ -6,7 +6,7 @@
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { createDiskQuota } from '../../src/sandbox/disk-quota.ts';
 import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
 import { docker, enqueueFile, fleetContainers, silentLog, startEnvWorker, startFleetEnv, waitFor, waitForResults, type FleetEnv } from '../helpers/fleet.ts';

@@ -3,7 +3,7 @@
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { startFleetEnv, waitFor, waitForResults, type FleetEnv, startEnvWorker, enqueueFile, fleetContainers, waitForSandboxFile } from '../helpers/fleet.ts';
 import { createSecondEngine, type SecondEngine } from '../helpers/second-engine.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';

@@ -11,7 +11,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import type { ModelSettings } from '../../src/episode/episode-attempt.ts';
 import { startModelStub, type ModelStub } from '../../src/model/model-stub.ts';
 import { RUNTIME_MOUNT_PATH } from '../../src/runtime/runtime-inputs.ts';

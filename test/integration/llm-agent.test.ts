@@ -11,7 +11,7 @@ import { prepareRuntime } from '../../src/runtime/prepare-runtime.ts';
 import { defaultRuntimeInputs } from '../../src/runtime/runtime-inputs.ts';
 import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { EXAMPLES, docker, silentLog, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv, startEnvWorker, enqueueFile } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 

@@ -7,7 +7,7 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { build } from 'esbuild';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { SANDBOX_API_KEY } from '../../src/agent/command-agent.ts';
 import type { ModelCallRecord } from '../../src/model/call-evidence.ts';
 import { MODEL_CALLS_FILE } from '../../src/model/model-proxy.ts';

@@ -8,7 +8,7 @@ import path from 'node:path';
 import { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { EPISODES_QUEUE, type EpisodeResult } from '../../queues/episodes/contract.ts';
-import type { WorkerHandle, WorkerOptions } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle, WorkerOptions } from '../../src/worker/start-worker.ts';
 import { bullmqEventsKey } from '../../src/redis/redis-keys.ts';
 import {
   enqueueFile, fleetContainers, startEnvWorker, startFleetEnv, waitFor, waitForResults, type FleetEnv,

@@ -6,7 +6,7 @@
 import { readFile, readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { sandboxClaimKey } from '../../src/redis/redis-keys.ts';
 import { SandboxPool } from '../../src/sandbox/sandbox-pool.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';

@@ -6,7 +6,7 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { build } from 'esbuild';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import type { ModelCallRecord } from '../../src/model/call-evidence.ts';
 import { TRAJECTORY_FILE, type Trajectory } from '../../src/evidence/trajectory.ts';
 import type { TrajectoryRecord } from '../../src/results/trajectory-export.ts';

@@ -12,7 +12,7 @@ import path from 'node:path';
 import { chromium, type BrowserContext, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { EpisodeResult } from '../../queues/episodes/contract.ts';
-import type { WorkerHandle } from '../../src/cli/worker-process.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import type { Trajectory } from '../../src/evidence/trajectory.ts';
 import { EPISODE_HEADER, TASK_HEADER } from '../../src/model/chat-protocol.ts';
 import { startModelStub, type ModelStub } from '../../src/model/model-stub.ts';

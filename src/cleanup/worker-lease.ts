@@ -1,6 +1,7 @@
 // A worker's lease in Redis: a key with an expiry, renewed by a heartbeat. While it exists, the
 // sandboxes labelled with this worker id are its own; once it expires (the worker died), the reaper
-// may remove them.
+// may remove them. It lives here, beside the reaper that reads it: the worker that holds one imports
+// it from cleanup, so cleanup never reaches up into the worker that assembles it.
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { leaseKey } from '../redis/redis-keys.ts';

@@ -11,7 +11,9 @@ import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { BATCHES_QUEUE } from '../results/batch-job.ts';
 import { batchProcessor } from '../../queues/batches/processor.ts';
-import { CLEANUP_QUEUE, CleanupJob, REAPER_SCHEDULER_ID, REAP_JOB, REMOVE_SANDBOX_JOB, cleanupJobId, cleanupJobOptions } from '../cleanup/cleanup-job.ts';
+import { CLEANUP_QUEUE } from '../cleanup/cleanup-job.ts';
+import { cleanupHandOver } from '../cleanup/cleanup-hand-over.ts';
+import { scheduleReaper } from '../cleanup/reaper-schedule.ts';
 import { cleanupProcessor } from '../../queues/cleanup/processor.ts';
 import { EPISODES_QUEUE, episodeBackoffMs } from '../episode/episode-job.ts';
 import { CHECKPOINTS_QUEUE } from '../checkpoints/checkpoint-job.ts';
@@ -23,11 +25,11 @@ import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { FolderStore } from '../artifacts/folder-store.ts';
 import { checkpointStorage } from '../checkpoints/open-checkpoint-storage.ts';
 import { EvidencePublisher } from '../evidence/publish-evidence.ts';
+import { OUTBOX_INTERVAL_MS, startOutbox } from '../evidence/outbox-loop.ts';
 import { DEFAULT_RETRY_BUDGETS } from '../errors/failure-kind.ts';
 import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { endpointLimiter } from '../model/fleet-limits.ts';
-import { prepareRuntime } from '../runtime/prepare-runtime.ts';
-import { defaultRuntimeInputs, type RuntimeInputs } from '../runtime/runtime-inputs.ts';
+import { runtimePreparer } from '../runtime/runtime-preparer.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
 import { RunningEpisodes } from '../episode/running-episodes.ts';
 import { EvidenceStore } from '../evidence/evidence-store.ts';
@@ -35,10 +37,9 @@ import type { ExtractLimits } from '../evidence/safe-extract.ts';
 import { ResultsStore } from '../results/results-store.ts';
 import { untilAborted } from '../deadlines/deadline.ts';
 import { RedisOutageLog } from '../redis/outage-log.ts';
-import { engineId } from '../sandbox/docker-client.ts';
-import { startAdmission, type AdmissionOptions, type AdmissionRunner } from '../worker/admission.ts';
-import { startHostFacts } from '../worker/host-facts.ts';
-import { startLease } from '../worker/lease.ts';
+import { startAdmission, type AdmissionOptions, type AdmissionRunner } from './admission.ts';
+import { startHostFacts } from './host-facts.ts';
+import { startLease } from '../cleanup/worker-lease.ts';
 import { SandboxPool } from '../sandbox/sandbox-pool.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
 
@@ -125,10 +126,6 @@ export interface WorkerHandle {
 /** Time close() may take past the drain timeout before it cuts its connections. */
 export const CLOSE_GRACE_MS = 5_000;
 
-/** How often evidence left in the outbox is published again, and how long each folder gets. */
-const OUTBOX_INTERVAL_MS = 30_000;
-const OUTBOX_CALL_MS = 60_000;
-
 export const DEFAULT_SNAPSHOT_LIMITS: ExtractLimits = { maxBytes: 16 * 1024 * 1024, maxFileBytes: 4 * 1024 * 1024, maxFiles: 2_000 };
 
 export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
@@ -151,25 +148,10 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   outages.watchClient(subscriber, 'cancel-subscriber');
 
   const results = new ResultsStore(connection, prefix, opts.dataDir);
-  // The runtime's inputs (node, its libraries, the bundled sandbox programs) are gathered once.
-  let inputs: Promise<RuntimeInputs> | undefined;
-  const runtimeInputs = () => {
-    inputs ??= (async () => {
-      const cache = path.join(opts.dataDir, 'runtime-src');
-      return defaultRuntimeInputs(await sandboxPrograms(cache), { cacheDir: cache });
-    })();
-    inputs.catch(() => (inputs = undefined));
-    return inputs;
-  };
-  const runtimeDeps = { docker, redis: connection, prefix, log };
-  let generation: string | undefined;
-  const prepare = async (signal?: AbortSignal) => {
-    const prepared = await prepareRuntime(runtimeDeps, await runtimeInputs(), { callTimeoutMs: opts.callTimeoutMs, ...(signal && { signal }) });
-    generation = prepared.generationId;
-    return prepared;
-  };
+  // Every generation carries the bundled sandbox programs (the reference agent, the model forwarder).
+  const runtime = runtimePreparer({ docker, redis: connection, prefix, log, dataDir: opts.dataDir, callTimeoutMs: opts.callTimeoutMs, extraFiles: sandboxPrograms });
   // Warm the runtime generation now, so the first episodes do not pay its install in their set-up.
-  const warmUp = prepare().then(() => undefined, (err: unknown) => log.warn({ err: String(err) }, 'runtime generation not prepared at start; episodes will try again'));
+  const warmUp = runtime.prepare().then(() => undefined, (err: unknown) => log.warn({ err: String(err) }, 'runtime generation not prepared at start; episodes will try again'));
   const checkpointsQueue = new Queue(CHECKPOINTS_QUEUE, { connection, prefix });
   checkpointsQueue.on('error', outages.listener('connection', 'checkpoints queue error'));
   const checkpointSink = new CheckpointSink({
@@ -182,17 +164,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const evidence = new EvidenceStore(opts.dataDir);
   // Evidence that could not be published at close (the store down or slow) goes from the outbox later.
   const publisher = new EvidencePublisher(artifacts, opts.dataDir, log);
-  // One drain at a time: with a slow store a drain can outlast the interval, and overlapping ones
-  // would only copy the same folders twice.
-  let draining: Promise<unknown> | undefined;
-  const drainOutbox = () => {
-    draining ??= publisher.drainOutbox(OUTBOX_CALL_MS)
-      .catch((err: unknown) => log.warn({ err: String(err) }, 'outbox drain failed'))
-      .finally(() => (draining = undefined));
-  };
-  const outbox = publisher.local ? undefined : setInterval(drainOutbox, opts.outboxIntervalMs ?? OUTBOX_INTERVAL_MS);
-  outbox?.unref();
-  if (!publisher.local) drainOutbox();
+  const stopOutbox = startOutbox(publisher, opts.outboxIntervalMs ?? OUTBOX_INTERVAL_MS, log);
   const control = new EpisodeControl(connection, prefix);
   const running = new RunningEpisodes();
   const lease = await startLease(connection, prefix, workerId, leaseTtlMs, log);
@@ -213,11 +185,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
 
   const cleanupQueue = new Queue(CLEANUP_QUEUE, { connection, prefix });
   cleanupQueue.on('error', outages.listener('connection', 'cleanup queue error'));
-  await cleanupQueue.upsertJobScheduler(REAPER_SCHEDULER_ID, { every: reaperIntervalMs }, {
-    name: REAP_JOB,
-    data: {},
-    opts: { removeOnComplete: 50, removeOnFail: 50 },
-  });
+  await scheduleReaper(cleanupQueue, reaperIntervalMs);
 
   const workerOpts = { connection, prefix, name: workerId, lockDuration, stalledInterval: lockDuration };
   const pool = new SandboxPool({
@@ -227,7 +195,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   // Its facts tell the dashboard what runs here, in which phase, within a moment of a change.
   const hostFacts = startHostFacts({
     redis: connection, prefix, docker, workerId, concurrency: opts.concurrency, dataDir: opts.dataDir,
-    ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: () => generation, log,
+    ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: runtime.generation, log,
     running: () => running.list(), poolReady: () => pool.readyCount, admission: () => admission.snapshot(),
   });
   running.onChange(hostFacts.touch);
@@ -250,12 +218,9 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     // One limiter per worker and endpoint: its state is in Redis, shared with every other worker.
     model: opts.model && { ...opts.model, limiter: endpointLimiter(opts.model.baseUrl, opts.model.limits ?? {}, opts.model.requestTimeoutMs, { redis: connection, prefix, log }) },
     checkpoints: { sink: checkpointSink, store: checkpointStore },
-    prepareRuntime: prepare,
+    prepareRuntime: runtime.prepare,
     pool,
-    async scheduleCleanup(episodeId, containerId) {
-      const data: CleanupJob = CleanupJob.parse({ episodeId, containerId, engineId: await engineId(docker, { timeoutMs: opts.callTimeoutMs }) });
-      await cleanupQueue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
-    },
+    scheduleCleanup: cleanupHandOver(cleanupQueue, docker, opts.callTimeoutMs),
   };
   // A stall (the worker running the attempt died) is an infrastructure failure: BullMQ may hand the
   // job back as often as the infra budget allows (its default, 1, ended episodes after two kills), and
@@ -321,7 +286,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       await step('runtime warm-up', () => warmUp);
       await step('checkpoint sink', () => checkpointSink.close());
       await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close()]));
-      if (outbox !== undefined) clearInterval(outbox);
+      stopOutbox();
       await step('lease', () => Promise.all([lease.stop(), hostFacts.stop()]));
       await step('queues', () => Promise.all([cleanupQueue.close(), checkpointsQueue.close()]));
       await step('connections', () => Promise.all([subscriber, connection].map((c) => c.quit().catch(() => c.disconnect()))));
