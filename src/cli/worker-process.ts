@@ -23,7 +23,7 @@ import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { FolderStore } from '../artifacts/folder-store.ts';
 import { checkpointStorage } from '../checkpoints/open-checkpoint-storage.ts';
 import { EvidencePublisher } from '../evidence/publish-evidence.ts';
-import { DEFAULT_RETRY_BUDGETS } from '../errors/failure-kind.ts';
+import { DEFAULT_RETRY_BUDGETS } from '../errors/retry-budgets.ts';
 import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { endpointLimiter } from '../model/fleet-limits.ts';
 import { prepareRuntime } from '../runtime/prepare-runtime.ts';
