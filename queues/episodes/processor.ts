@@ -4,7 +4,6 @@
 // timeout, cancelled, a final error) completes the job with its result.
 import { WaitingError, type Job } from 'bullmq';
 import { describeIssues } from '../../src/config/zod-issues.ts';
-import type { FailureKind } from '../../src/errors/failure-kind.ts';
 import type { FleetError } from '../../src/errors/fleet-error.ts';
 import { resultWithoutRun } from '../../src/episode/episode-result.ts';
 import type { RunningEpisodes } from '../../src/episode/running-episodes.ts';
@@ -12,13 +11,12 @@ import type { EpisodeDeps } from '../../src/episode/episode-attempt.ts';
 import { runEpisode } from '../../src/episode/run-episode.ts';
 import { Deadline, PhaseTimeout, untilAborted } from '../../src/deadlines/deadline.ts';
 import { stopOf } from '../../src/errors/episode-stop.ts';
-import { checkpointFenceKey, episodeFailuresKey as failuresKey, episodeStartsKey as startsKey } from '../../src/redis/redis-keys.ts';
-import { resetRetryCounts } from '../../src/episode/retry-counts.ts';
+import { checkpointFenceKey, episodeStartsKey as startsKey } from '../../src/redis/redis-keys.ts';
+import { countFailure, pastInfraBudget, resetRetryCounts, type RetryBudgets } from '../../src/errors/retry-budgets.ts';
 import type { ResultsStore } from '../../src/results/results-store.ts';
 import { EpisodeJob, type EpisodeResult } from './contract.ts';
 
-/** Further attempts allowed per failure kind; kinds not listed are never retried. */
-export type RetryBudgets = Partial<Record<FailureKind, number>>;
+export type { RetryBudgets } from '../../src/errors/retry-budgets.ts';
 
 export interface EpisodeProcessorDeps extends EpisodeDeps {
   results: ResultsStore;
@@ -102,10 +100,8 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
         // Lost workers (stalls) and infra failures share the infra budget; BullMQ counts only the stalls.
         const stalls = job.stalledCounter ?? 0;
         if (stalls > 0) {
-          const infra = Number((await setUp.run('reading the retry counts', () => deps.redis.hget(failuresKey(deps.prefix, episodeId), 'infra'))) ?? 0);
-          const budget = deps.retryBudgets.infra ?? 0;
-          if (stalls + infra > budget) {
-            const message = `lost its worker ${stalls} time(s) after ${infra} infrastructure failure(s): past the infra retry budget of ${budget}`;
+          const message = await setUp.run('reading the retry counts', () => pastInfraBudget(deps, episodeId, stalls));
+          if (message !== undefined) {
             return await recordFinal(deps, resultWithoutRun(job, { status: 'error', error: { kind: 'infra', code: 'worker_lost', message } }, deps.workerId));
           }
         }
@@ -136,12 +132,7 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
         throw new WaitingError();
       }
       if (outcome.retry && outcome.error) {
-        const { kind } = outcome.error.outcome;
-        const failures = await deps.redis.hincrby(failuresKey(deps.prefix, episodeId), kind, 1);
-        await deps.redis.expire(failuresKey(deps.prefix, episodeId), KEEP_SEC);
-        // Stalls (lost workers) were infra failures too: they share the infra budget.
-        const stalls = kind === 'infra' ? job.stalledCounter : 0;
-        if (failures + stalls <= (deps.retryBudgets[kind] ?? 0)) {
+        if (await countFailure(deps, episodeId, outcome.error.outcome.kind, job.stalledCounter)) {
           await deps.control.release(episodeId);
           throw new RetryableEpisodeError(outcome.error);
         }

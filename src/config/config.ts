@@ -4,7 +4,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { z } from 'zod';
 import { parseArtifactsLocation } from '../artifacts/artifacts-location.ts';
-import { DEFAULT_RETRY_BUDGETS, MAX_RETRIES_PER_KIND } from '../errors/failure-kind.ts';
+import { DEFAULT_RETRY_BUDGETS, MAX_RETRIES_PER_KIND } from '../errors/retry-budgets.ts';
 import { describeIssues } from './zod-issues.ts';
 
 const positiveInt = z.coerce.number().int().positive();

@@ -3,7 +3,8 @@
 import type { JobsOptions } from 'bullmq';
 import { z } from 'zod';
 import { EpisodeId } from '../ids/episode-id.ts';
-import { FAILURE_KINDS, MAX_RETRIES_PER_KIND } from '../errors/failure-kind.ts';
+import { FAILURE_KINDS } from '../errors/failure-kind.ts';
+import { MAX_RETRIES_PER_KIND } from '../errors/retry-budgets.ts';
 import { AgentSpec, ModelOptions } from '../tasks/agent-spec.ts';
 import { TaskSpec } from '../tasks/task-spec.ts';
 

@@ -5,7 +5,7 @@
 import type { Job, Queue } from 'bullmq';
 import type { FailureKind } from '../errors/failure-kind.ts';
 import type { EpisodeControl } from '../episode/episode-control.ts';
-import { resetRetryCounts } from '../episode/retry-counts.ts';
+import { resetRetryCounts, resetStallCount } from '../errors/retry-budgets.ts';
 import type { ResultsStore } from '../results/results-store.ts';
 import { checkpointFenceKey } from '../redis/redis-keys.ts';
 import type { Redis } from 'ioredis';
@@ -49,7 +49,7 @@ export async function requeueInPlace(deps: RetryDeps, job: Job): Promise<boolean
   if ((state !== 'completed' && state !== 'failed') || job.id === undefined) return false;
   // Fresh budgets, BullMQ's included: its stall count (`stc`, which job.retry keeps) would otherwise
   // end a retried worker_lost episode at its first stall. Harmless on a finished job if we crash here.
-  await deps.redis.hdel(deps.queue.toKey(job.id), 'stc');
+  await resetStallCount(deps.redis, deps.queue.toKey(job.id));
   await job.retry(state, { resetAttemptsMade: true });
   return true;
 }

@@ -26,7 +26,7 @@ import { FolderStore } from '../artifacts/folder-store.ts';
 import { checkpointStorage } from '../checkpoints/open-checkpoint-storage.ts';
 import { EvidencePublisher } from '../evidence/publish-evidence.ts';
 import { OUTBOX_INTERVAL_MS, startOutbox } from '../evidence/outbox-loop.ts';
-import { DEFAULT_RETRY_BUDGETS } from '../errors/failure-kind.ts';
+import { DEFAULT_RETRY_BUDGETS } from '../errors/retry-budgets.ts';
 import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { endpointLimiter } from '../model/fleet-limits.ts';
 import { runtimePreparer } from '../runtime/runtime-preparer.ts';
