@@ -3,37 +3,25 @@
 // never sees, enforces the episode's call and token budgets, waits for the endpoint's fleet-wide
 // limits, retries transient upstream failures, relays streamed answers event by event, and records
 // every call (a stream reassembled, token ids and logprobs when the endpoint gave them) as evidence
-// outside the sandbox.
+// outside the sandbox. This file starts and stops the server and routes each request: the routes are
+// chat-route.ts and models-route.ts, their shared way upstream proxy-upstream.ts, and each call's
+// evidence proxy-call.ts.
 import { once, setMaxListeners } from 'node:events';
 import { chmod, chown, lstat, mkdir, rm } from 'node:fs/promises';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
 import type { Logger } from 'pino';
-import { describeIssues } from '../config/zod-issues.ts';
 import { SANDBOX_USER } from '../sandbox/sandbox-session.ts';
-import { CallEvidence, type CallOutcome, type ModelCallRecord } from './call-evidence.ts';
-import {
-  BodyTooLargeError,
-  CHAT_COMPLETIONS_PATH,
-  ChatRequest,
-  EPISODE_HEADER,
-  MODELS_PATH,
-  TASK_HEADER,
-  errorBody,
-  estimateTokens,
-  parseJsonObject,
-  readBody,
-  requestedMaxTokens,
-  sendJson,
-  usedTokens,
-  type ModelErrorType,
-} from './chat-protocol.ts';
+import { CallEvidence } from './call-evidence.ts';
+import { CHAT_COMPLETIONS_PATH, EPISODE_HEADER, MODELS_PATH, TASK_HEADER, errorBody, sendJson } from './chat-protocol.ts';
+import { handleChat, type ChatRouteSettings } from './chat-route.ts';
 import { ModelBudget, type ModelBudgetLimits } from './model-budget.ts';
+import { handleModels } from './models-route.ts';
 import { UNLIMITED, type EndpointLimiter } from './endpoint-limiter.ts';
-import { relayStream, type RelayResult } from './stream-relay.ts';
-import { extractTokens, withCaptureFields } from './token-capture.ts';
-import { DEFAULT_RETRY, callUpstream, release, type RetryPolicy, type UpstreamResult } from './upstream.ts';
+import { ProxyCall, type CallCounters, type CallLedger } from './proxy-call.ts';
+import type { UpstreamSettings } from './proxy-upstream.ts';
+import { DEFAULT_RETRY, type RetryPolicy } from './upstream.ts';
 
 /** File name of the call evidence in an episode attempt's evidence folder. */
 export const MODEL_CALLS_FILE = 'model-calls.jsonl';
@@ -139,6 +127,11 @@ async function clearStaleSocket(socketPath: string): Promise<void> {
   await rm(socketPath, { force: true });
 }
 
+/** The one method each path the proxy serves takes; undefined for any other path. */
+function routeMethod(callPath: string): 'POST' | 'GET' | undefined {
+  return callPath === CHAT_COMPLETIONS_PATH ? 'POST' : callPath === MODELS_PATH ? 'GET' : undefined;
+}
+
 export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelProxy> {
   const base = checkOptions(opts);
   const retry: RetryPolicy = { ...DEFAULT_RETRY, ...opts.retry };
@@ -161,194 +154,38 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   // Every call in flight listens to it (as many as the agent sends at once).
   setMaxListeners(0, closing.signal);
   const inFlight = new Set<Promise<void>>();
-  let seq = 0;
-  let refused = 0;
-  let failed = 0;
-  let rateLimited = 0;
 
-  const upstreamHeaders = (): Record<string, string> => ({
-    accept: 'application/json',
-    [EPISODE_HEADER]: episodeId,
-    [TASK_HEADER]: taskId,
-    ...(opts.apiKey !== undefined ? { authorization: `Bearer ${opts.apiKey}` } : {}),
-  });
+  const counters: CallCounters = { refused: 0, failed: 0, rateLimited: 0 };
+  let seq = 0;
+  const ledger: CallLedger = { evidence, log, counters, episodeId, taskId, nextSeq: () => ++seq };
+  const upstream: UpstreamSettings = {
+    base,
+    headers: {
+      accept: 'application/json',
+      [EPISODE_HEADER]: episodeId,
+      [TASK_HEADER]: taskId,
+      ...(opts.apiKey !== undefined ? { authorization: `Bearer ${opts.apiKey}` } : {}),
+    },
+    timeoutMs: requestTimeoutMs,
+    retry,
+    maxResponseBytes,
+    limiter,
+    closing: closing.signal,
+  };
+  const chat: ChatRouteSettings = { upstream, budget, maxBodyBytes, streamIdleTimeoutMs, model: opts.model, captureTokens: opts.captureTokens === true };
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const started = performance.now();
-    const record: ModelCallRecord = {
-      seq: ++seq,
-      episodeId,
-      taskId,
-      startedAt: new Date().toISOString(),
-      durationMs: 0,
-      method: req.method ?? '',
-      path: (req.url ?? '').split('?')[0] ?? '',
-      status: 0,
-      outcome: 'refused',
-    };
-
-    const finish = async (outcome: CallOutcome, status: number, body: unknown, headers: Record<string, string> = {}, raw?: { contentType: string | undefined; body: Buffer }) => {
-      record.outcome = outcome;
-      record.status = res.destroyed && !res.writableFinished ? 0 : status;
-      record.durationMs = Math.round(performance.now() - started);
-      try {
-        await evidence.append(record);
-      } catch (err) {
-        log.error({ err, seq: record.seq }, 'model call evidence not written');
-      }
-      log.debug({ seq: record.seq, path: record.path, status: record.status, outcome, durationMs: record.durationMs, tokens: record.tokens }, 'model call');
-      if (res.destroyed || res.headersSent) return;
-      if (raw !== undefined) {
-        res.writeHead(status, { 'content-type': raw.contentType ?? 'application/json', 'content-length': raw.body.length, ...headers });
-        res.end(raw.body);
-      } else {
-        sendJson(res, status, body, headers);
-      }
-    };
-
-    const refuse = (status: number, type: ModelErrorType, message: string, extra: Record<string, unknown> = {}, headers: Record<string, string> = {}) => {
-      refused += 1;
-      record.error = { type, message };
-      return finish('refused', status, errorBody(type, message, extra), headers);
-    };
-
-    if (closing.signal.aborted) return finish('aborted', 503, errorBody('proxy_closing', 'the model proxy is closing'));
-    const route = record.path === CHAT_COMPLETIONS_PATH ? 'POST' : record.path === MODELS_PATH ? 'GET' : undefined;
-    if (route === undefined) {
-      return refuse(404, 'not_found', `no such path ${JSON.stringify(record.path)}: the model proxy serves only POST ${CHAT_COMPLETIONS_PATH} and GET ${MODELS_PATH}`);
+    const call = new ProxyCall(ledger, req, res);
+    if (closing.signal.aborted) return call.finish('aborted', 503, errorBody('proxy_closing', 'the model proxy is closing'));
+    const { path: callPath } = call.record;
+    const method = routeMethod(callPath);
+    if (method === undefined) {
+      return call.refuse(404, 'not_found', `no such path ${JSON.stringify(callPath)}: the model proxy serves only POST ${CHAT_COMPLETIONS_PATH} and GET ${MODELS_PATH}`);
     }
-    if (req.method !== route) {
-      return refuse(405, 'method_not_allowed', `${record.path} takes ${route}, not ${req.method}`, {}, { allow: route });
+    if (req.method !== method) {
+      return call.refuse(405, 'method_not_allowed', `${callPath} takes ${method}, not ${req.method}`, {}, { allow: method });
     }
-
-    let upstreamBody: Buffer | undefined;
-    let maxTokens: number | undefined;
-    let streaming = false;
-    let forwardUsageChunk = false;
-    if (route === 'POST') {
-      let body: Buffer;
-      try {
-        body = await readBody(req, maxBodyBytes);
-      } catch (err) {
-        if (err instanceof BodyTooLargeError) {
-          return refuse(413, 'body_too_large', `request body is larger than ${maxBodyBytes} bytes`, { limitBytes: maxBodyBytes }, { connection: 'close' });
-        }
-        // The client went away while sending; nobody is left to answer, but the call is recorded.
-        record.error = { type: 'invalid_request', message: `request body not received: ${(err as Error).message}` };
-        return finish('aborted', 400, errorBody('invalid_request', record.error.message));
-      }
-      const json = parseJsonObject(body);
-      record.request = json ?? { notJson: true, bytes: body.length };
-      if (json === undefined) return refuse(400, 'invalid_request', 'request body is not a JSON object');
-      const parsed = ChatRequest.safeParse(json);
-      if (!parsed.success) return refuse(400, 'invalid_request', `invalid chat request: ${describeIssues(parsed.error, json).join('; ')}`);
-      streaming = parsed.data.stream === true;
-      if (streaming && (parsed.data.n ?? 1) > 1) {
-        return refuse(400, 'invalid_request', `n is ${parsed.data.n}: a streamed call (stream: true) must ask for one choice; send n: 1 or stream: false`, { param: 'n' });
-      }
-      let forwarded: Record<string, unknown> = opts.model !== undefined ? { ...json, model: opts.model } : json;
-      if (opts.captureTokens === true) forwarded = withCaptureFields(forwarded);
-      if (streaming) {
-        // Usage comes only in a last chunk the agent may not have asked for: asked upstream, kept from the agent.
-        forwardUsageChunk = parsed.data.stream_options?.include_usage === true;
-        forwarded = { ...forwarded, stream_options: { ...parsed.data.stream_options, include_usage: true } };
-      }
-      upstreamBody = Buffer.from(JSON.stringify(forwarded));
-      maxTokens = requestedMaxTokens(parsed.data);
-    }
-
-    // Only chat calls spend the budget; listing models is free.
-    const admission = route === 'POST' ? budget.admit(maxTokens, estimateTokens(upstreamBody!.toString('utf8'))) : undefined;
-    if (admission !== undefined && !admission.ok) {
-      const { budget: which, limit, used, message } = admission.refusal;
-      return refuse(429, 'budget_exceeded', message, { budget: which, limit, used });
-    }
-    const ticket = admission?.ticket;
-
-    const call = new AbortController();
-    const abortCall = () => call.abort();
-    closing.signal.addEventListener('abort', abortCall, { once: true });
-    res.once('close', () => {
-      if (!res.writableFinished) abortCall();
-    });
-    let result: UpstreamResult;
-    // A stream still flowing keeps listening for the proxy's close until the relay ends; nothing else does.
-    let live = false;
-    try {
-      result = await callUpstream(
-        base,
-        {
-          method: route,
-          path: route === 'POST' ? '/chat/completions' : '/models',
-          headers: { ...upstreamHeaders(), ...(upstreamBody !== undefined ? { 'content-type': 'application/json' } : {}) },
-          ...(upstreamBody !== undefined ? { body: upstreamBody } : {}),
-        },
-        { timeoutMs: requestTimeoutMs, retry, maxResponseBytes, signal: call.signal, stream: streaming, limiter },
-      );
-      live = result.ok && 'stream' in result;
-    } catch (err) {
-      if (ticket !== undefined) budget.settle(ticket, { answered: false });
-      if (!call.signal.aborted) throw err;
-      record.error = { type: 'proxy_closing', message: closing.signal.aborted ? 'the model proxy closed during the call' : 'the client went away during the call' };
-      return finish('aborted', 503, errorBody('proxy_closing', record.error.message));
-    } finally {
-      if (!live) closing.signal.removeEventListener('abort', abortCall);
-    }
-
-    record.attempts = result.attempts;
-    if (!result.ok && result.rateLimited === true) {
-      if (ticket !== undefined) budget.settle(ticket, { answered: false });
-      rateLimited += 1;
-      record.error = { type: 'rate_limited', message: result.message };
-      return finish('refused', 429, errorBody('rate_limited', result.message), { 'retry-after': '1' });
-    }
-    if (!result.ok) {
-      if (ticket !== undefined) budget.settle(ticket, { answered: false });
-      failed += 1;
-      record.error = { type: 'upstream_failed', message: result.message };
-      log.warn({ seq: record.seq, attempts: result.attempts.length, lastStatus: result.lastStatus }, 'model endpoint failed');
-      return finish('upstream_failed', 502, errorBody('upstream_failed', result.message, {
-        attempts: result.attempts.length,
-        ...(result.lastStatus !== undefined ? { upstreamStatus: result.lastStatus } : {}),
-      }));
-    }
-    if ('stream' in result) {
-      let relay: RelayResult;
-      try {
-        relay = await relayStream(result.stream, res, { idleTimeoutMs: streamIdleTimeoutMs, maxBytes: maxResponseBytes, forwardUsageChunk, signal: closing.signal });
-      } finally {
-        closing.signal.removeEventListener('abort', abortCall);
-      }
-      const tokens = usedTokens(relay.completion) ?? estimateTokens(upstreamBody!.toString('utf8')) + estimateTokens(JSON.stringify(relay.completion.choices ?? []));
-      release(result.permit, { status: result.status, tokens });
-      record.response = relay.completion;
-      record.stream = { events: relay.events, bytes: relay.bytes, ...(relay.firstEventMs !== undefined && { firstEventMs: relay.firstEventMs }) };
-      const captured = extractTokens(relay.completion);
-      if (captured !== undefined) record.capture = captured;
-      if (ticket !== undefined) {
-        // What streamed before a failure was generated, so it is charged; only a call with nothing is given back.
-        const answered = relay.outcome === 'answered' || relay.events > 0;
-        budget.settle(ticket, { answered, tokens });
-        if (answered) record.tokens = tokens;
-      }
-      if (relay.error !== undefined) record.error = relay.error;
-      if (relay.outcome === 'upstream_failed') {
-        failed += 1;
-        log.warn({ seq: record.seq, err: relay.error?.message }, 'model stream failed');
-      }
-      return finish(relay.outcome, relay.outcome === 'aborted' ? 0 : 200, undefined);
-    }
-    const answer = parseJsonObject(result.body);
-    record.response = answer ?? result.body.toString('utf8');
-    const tokens = answer !== undefined ? (usedTokens(answer) ?? 0) : 0;
-    release(result.permit, { status: result.status, tokens });
-    const captured = answer !== undefined ? extractTokens(answer) : undefined;
-    if (captured !== undefined) record.capture = captured;
-    if (ticket !== undefined) {
-      budget.settle(ticket, { answered: true, tokens });
-      record.tokens = tokens;
-    }
-    return finish('answered', result.status, undefined, {}, { contentType: result.contentType, body: result.body });
+    return method === 'POST' ? handleChat(call, chat) : handleModels(call, upstream);
   }
 
   const server = http.createServer((req, res) => {
@@ -378,7 +215,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   log.info({ socketPath, upstream: base.origin, maxCalls: budget.limits.maxCalls, maxTokens: budget.limits.maxTokens }, 'model proxy started');
 
   let closed: Promise<void> | undefined;
-  const stats = (): ModelProxyStats => ({ calls: budget.calls, tokens: budget.tokens, refused, failed, rateLimited, inFlight: inFlight.size });
+  const stats = (): ModelProxyStats => ({ calls: budget.calls, tokens: budget.tokens, ...counters, inFlight: inFlight.size });
   return {
     socketPath,
     stats,
