@@ -5,14 +5,14 @@
 // also removed directly, and the cleanup queue and the reaper finish whatever is left.
 import { readFile, rm } from 'node:fs/promises';
 import path from 'node:path';
-import { Readable } from 'node:stream';
 import { Deadline, untilAborted } from '../deadlines/deadline.ts';
-import { extractSafely, type ExtractReport } from '../evidence/safe-extract.ts';
+import type { ExtractReport } from '../evidence/safe-extract.ts';
 import { TRAJECTORY_FILE, buildTrajectory } from '../evidence/trajectory.ts';
 import { writeFileAtomic } from '../files/atomic-write.ts';
 import type { ModelCallRecord } from '../model/call-evidence.ts';
 import { MODEL_CALLS_FILE } from '../model/model-proxy.ts';
 import { diffWorkspace } from '../evidence/workspace-diff.ts';
+import { keepWorkspace, workspaceFolder } from '../evidence/workspace-copy.ts';
 import { removeContainer } from '../sandbox/sandbox-session.ts';
 import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
 
@@ -121,9 +121,9 @@ async function collectEvidence(
   } else {
     const tar = await state.session.getArchive(task.workdir, signal);
     signal.addEventListener('abort', () => tar.destroy(), { once: true });
-    extraction = await keepWorkspace(attempt, deps, tar, readSignal);
+    extraction = await keepWorkspace(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, tar, readSignal);
   }
-  const snapshotDir = workspaceFolder(attempt, deps);
+  const snapshotDir = workspaceFolder(deps, { episodeId: job.episodeId, attempt: attempt.attempt });
   const changes = await diffWorkspace(state.archive?.files('workspace') ?? new Map(), snapshotDir, extraction, deps.snapshotLimits.maxFileBytes);
   await Promise.all([
     evidence.writeText(job.episodeId, attempt.attempt, 'workspace.diff', changes.diff),
@@ -136,25 +136,6 @@ async function collectEvidence(
     }),
   ]);
   await publish(attempt, deps, signal);
-}
-
-const workspaceFolder = (attempt: EpisodeAttempt, deps: EpisodeDeps) => path.join(deps.evidence.folder(attempt.job.episodeId, attempt.attempt), 'workspace');
-
-/** Extracts a tar of the workdir (named as getArchive names it) into the attempt's evidence, as hostile. */
-export async function keepWorkspace(attempt: EpisodeAttempt, deps: EpisodeDeps, tar: Readable, stop?: AbortSignal): Promise<ExtractReport> {
-  return extractSafely(tar, workspaceFolder(attempt, deps), { ...deps.snapshotLimits, strip: 1 }, stop);
-}
-
-/**
- * The sweep's copy of the workspace, extracted while the verifier runs (so its bytes are not held
- * until close). Undefined when it could not be kept: its folder is emptied for the engine's copy.
- */
-export function keepWorkspaceEarly(attempt: EpisodeAttempt, deps: EpisodeDeps, tar: Buffer): Promise<ExtractReport | undefined> {
-  return keepWorkspace(attempt, deps, Readable.from([tar])).catch(async (err: unknown) => {
-    deps.log.warn({ err: String(err) }, 'the sweep\'s workspace copy could not be kept; close asks the engine');
-    await rm(workspaceFolder(attempt, deps), { recursive: true, force: true });
-    return undefined;
-  });
 }
 
 /** The attempt's evidence into the artifact store, in what is left of its slice; else it waits in the outbox. */

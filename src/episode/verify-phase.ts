@@ -7,8 +7,8 @@
 import type { AgentRun } from '../agent/agent.ts';
 import { Deadline, PhaseTimeout } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
+import { keepWorkspaceEarly } from '../evidence/workspace-copy.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
-import { keepWorkspaceEarly } from './close-phase.ts';
 import type { AttemptState, EpisodeAttempt, EpisodeDeps, Graded } from './episode-attempt.ts';
 
 /** Where the hidden tests are copied for verification, after the agent stopped. */
@@ -63,7 +63,7 @@ export async function verify(
     // copy after the verifier ran (one archive call fewer on the result's path).
     const copy = { dir: task.workdir, capBytes: deps.snapshotLimits.maxBytes + SNAPSHOT_TAR_SLACK_BYTES };
     const sweep = killedBySignal(agentRun) ? { swept: false } : await deadline.run('stopping what the agent left running', (signal) => session.sweepProcesses(signal, copy));
-    if (sweep.tar !== undefined) state.workspaceCopy = keepWorkspaceEarly(attempt, deps, sweep.tar);
+    if (sweep.tar !== undefined) state.workspaceCopy = keepWorkspaceEarly(deps, { episodeId: attempt.job.episodeId, attempt: attempt.attempt }, sweep.tar);
     const { swept } = sweep;
     if (!swept) {
       // Only a sandbox that is still up is verified: one that stopped under the agent (the engine
