@@ -4,7 +4,7 @@
 import type { Redis } from 'ioredis';
 import { pino, type Logger } from 'pino';
 import { loadConfig, type FleetConfig } from '../config/config.ts';
-import { connectRedis } from '../redis/connect-redis.ts';
+import { connectRedis } from '../client/connect-redis.ts';
 import type { Docker } from '../sandbox/docker-client.ts';
 
 export class UsageError extends Error {

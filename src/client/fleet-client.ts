@@ -9,7 +9,7 @@ import type { Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import { EPISODES_QUEUE, type EpisodeResult } from '../episode/episode-job.ts';
-import { connectRedis } from '../redis/connect-redis.ts';
+import { connectRedis } from './connect-redis.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
 import type { FailureKind } from '../errors/failure-kind.ts';
 import { cancelEpisode, type CancelOutcome } from '../producer/cancel-episodes.ts';
