@@ -1,14 +1,63 @@
+// Three projects. unit: pure logic, no Redis, no Docker, no dist/ (`npm run test:unit`, seconds, every
+// core). integration: real Redis, the real engine and the compiled CLI. stress: the heavy and hostile
+// files (chaos, the compose stack, full and quota-limited disks, attack corpora, the trainer).
+// `npm test` runs all three: unit first, then integration and stress together in one pool of two
+// workers, heaviest files first (test/helpers/heaviest-first.ts), so both cores stay busy to the end.
+import os from 'node:os';
 import { defineConfig } from 'vitest/config';
+import { HeaviestFirst } from './test/helpers/heaviest-first.ts';
+
+/** The heavy and hostile files: many containers, second engines, minutes of faults. */
+export const STRESS_FILES = [
+  'test/integration/chaos.test.ts',
+  'test/integration/compose-stack.test.ts',
+  'test/integration/disk-full.test.ts',
+  'test/integration/disk-quota.test.ts',
+  'test/integration/evidence-attacks.test.ts',
+  'test/integration/api-hostile.test.ts',
+  'test/integration/gateway-hostile.test.ts',
+  'test/integration/verify-evasion.test.ts',
+  'test/integration/hostile-sandbox.test.ts',
+  'test/integration/python-trainer.test.ts',
+];
+
+/** What the files on services share: dist/ built, the runtime installed once, two workers on 2 cores. */
+const services = {
+  // Tests start the compiled CLI (dist/) as a process: compile it first, incrementally.
+  // Not yet wired (unverified): 'test/helpers/shared-runtime.ts' here and `env: { ...SHARED_RUNTIME_ENV }`
+  // would install the suite's one runtime generation per kind of worker before any test.
+  globalSetup: ['test/helpers/build-dist.ts'],
+  testTimeout: 120_000,
+  hookTimeout: 60_000,
+  // Each file starts its own redis-server, and all share one Docker engine on 2 cores. Integration and
+  // stress share this group (same groupOrder and maxWorkers): one pool, heaviest first.
+  maxWorkers: 2,
+  sequence: { groupOrder: 1 },
+};
 
 export default defineConfig({
   test: {
-    include: ['test/**/*.test.ts'],
-    // Tests start the compiled CLI (dist/) as a process: compile it first, incrementally.
-    globalSetup: ['test/helpers/build-dist.ts'],
     pool: 'forks',
-    testTimeout: 120_000,
-    hookTimeout: 60_000,
-    // Integration files each start their own redis-server and share one Docker engine on 2 cores.
-    maxWorkers: 2,
+    sequence: { sequencer: HeaviestFirst },
+    projects: [
+      {
+        extends: true,
+        test: {
+          name: 'unit',
+          include: ['test/unit/**/*.test.ts'],
+          testTimeout: 120_000,
+          maxWorkers: os.availableParallelism(),
+          sequence: { groupOrder: 0 },
+        },
+      },
+      {
+        extends: true,
+        test: { name: 'integration', include: ['test/integration/**/*.test.ts'], exclude: STRESS_FILES, ...services },
+      },
+      {
+        extends: true,
+        test: { name: 'stress', include: STRESS_FILES, ...services },
+      },
+    ],
   },
 });
