@@ -21,11 +21,9 @@ export const STRESS_FILES = [
   'test/integration/python-trainer.test.ts',
 ];
 
-/** What the files on services share: dist/ built, the runtime installed once, two workers on 2 cores. */
+/** What the files on services share: dist/ built first, two workers on 2 cores. */
 const services = {
   // Tests start the compiled CLI (dist/) as a process: compile it first, incrementally.
-  // Not yet wired (unverified): 'test/helpers/shared-runtime.ts' here and `env: { ...SHARED_RUNTIME_ENV }`
-  // would install the suite's one runtime generation per kind of worker before any test.
   globalSetup: ['test/helpers/build-dist.ts'],
   testTimeout: 120_000,
   hookTimeout: 60_000,

@@ -109,7 +109,12 @@ describe('HTTP API: tasks, batches, episodes', () => {
     const file = await fetch(`${base}${verifier!.href}`, { headers: auth });
     expect(file.status).toBe(200);
     expect(file.headers.get('content-type')).toBe('application/octet-stream');
-    expect((await file.arrayBuffer()).byteLength).toBeGreaterThanOrEqual(0);
+    await file.arrayBuffer();
+    // A file with content comes back whole and as it was written: the attempt's result.
+    const resultFile = index.files.find((f) => f.attempt === 1 && f.name === 'result.json');
+    const served = await fetch(`${base}${resultFile!.href}`, { headers: auth });
+    expect(served.headers.get('content-type')).toBe('application/octet-stream');
+    expect(JSON.parse(Buffer.from(await served.arrayBuffer()).toString('utf8'))).toMatchObject({ episodeId: solvedId, status: 'passed', reward: 1 });
     const missing = await fetch(`${base}/v1/batches/${batch.batchId}/episodes/${solvedId}/evidence/1/..%2F..%2Fetc%2Fpasswd`, { headers: auth });
     expect(missing.status).toBe(404);
     const foreign = await fetch(`${base}/v1/batches/${batch.batchId}/episodes/other-batch.solvable.0/trajectory`, { headers: auth });

@@ -10,6 +10,8 @@ import { runChaos, type ChaosOptions } from '../chaos/chaos-run.ts';
 /** A short run on the shared engine (seed from CHAOS_SEED to replay one), judged: nothing lost, doubled, misgraded or left. */
 async function shortRun(label: string, opts: Pick<ChaosOptions, 'episodes' | 'workers' | 'concurrency' | 'faults' | 'kinds' | 'agent'>) {
   const seed = Number(process.env.CHAOS_SEED ?? Date.now() % 1_000_000);
+  // Printed before the run too, so a run that hangs or is killed can still be replayed.
+  console.info(`[chaos ${label}] seed ${seed} (CHAOS_SEED=${seed} replays it)`);
   const figures = await runChaos({ ...opts, gapMs: [300, 1_500], secondEngine: false, seed, timeoutMs: 240_000 });
   console.info(`[chaos ${label} seed ${seed}] ${JSON.stringify(figures)}`);
   expect(figures.lost, `seed ${seed}`).toBe(0);
