@@ -36,7 +36,6 @@ import { createHash, randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { untilAborted } from '../deadlines/deadline.ts';
 import {
   modelLimitLeasesKey,
   modelLimitQueueKey,
@@ -345,6 +344,34 @@ const positive = (name: string, v: number | undefined) => {
 
 const jittered = (ms: number) => Math.min(POLL_MAX_MS, Math.max(POLL_MIN_MS, ms)) * (0.8 + 0.4 * Math.random());
 
+class Aborted extends Error {}
+
+/** Settle with `p`, or reject with Aborted when `signal` aborts first (then `late` gets what `p` brings). */
+function untilAborted<T>(p: Promise<T>, signal: AbortSignal, late: (value: T) => void): Promise<T> {
+  if (signal.aborted) {
+    p.then(late, () => undefined);
+    return Promise.reject(new Aborted());
+  }
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => {
+      p.then(late, () => undefined);
+      reject(new Aborted());
+    };
+    signal.addEventListener('abort', onAbort, { once: true });
+    p.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort);
+        // Aborted first: onAbort rejected and handed `v` to `late` already.
+        if (!signal.aborted) resolve(v);
+      },
+      (err: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(err);
+      },
+    );
+  });
+}
+
 export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
   const { redis, prefix, log: parentLog } = opts;
   const maxConcurrent = positive('limits.maxConcurrent', opts.limits.maxConcurrent);
@@ -445,7 +472,7 @@ export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
           // A Retry-After that came while this caller slept for its slot holds it too. Its slot fell in
           // the pause: it gives it up and asks again, so the callers reserved during a pause do not all
           // start at once when it ends (the 429 spent the allowance; turns resume at the steady pace).
-          const pausedMs = Number(await untilAborted(cmd.rfModelLimitPauseLeft(state), signal));
+          const pausedMs = Number(await untilAborted(cmd.rfModelLimitPauseLeft(state), signal, () => undefined));
           if (pausedMs > 0) {
             const dropped = grant;
             grant = undefined;
@@ -461,9 +488,7 @@ export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
         return permit(id);
       }
     } catch (err) {
-      // An abort during any wait (for Redis through untilAborted, or a sleep) rejects with the signal's
-      // reason: this caller gives its turn up.
-      if (!signal.aborted) throw err;
+      if (!signal.aborted && !(err instanceof Aborted)) throw err;
       local.aborted += 1;
       await leave(id, grant);
       throw new RateLimitWaitAborted(waited(), signal.reason);
