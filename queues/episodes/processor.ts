@@ -16,8 +16,6 @@ import { countFailure, pastInfraBudget, resetRetryCounts, type RetryBudgets } fr
 import type { ResultsStore } from '../../src/results/results-store.ts';
 import { EpisodeJob, type EpisodeResult } from './contract.ts';
 
-export type { RetryBudgets } from '../../src/errors/retry-budgets.ts';
-
 export interface EpisodeProcessorDeps extends EpisodeDeps {
   results: ResultsStore;
   running: RunningEpisodes;
