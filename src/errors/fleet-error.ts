@@ -38,7 +38,15 @@ export type FleetErrorCode =
   /** The verifier exited with a code that is neither pass (0) nor fail (1). */
   | 'verifier_crashed'
   /** The verifier passed its timeout. */
-  | 'verifier_timeout';
+  | 'verifier_timeout'
+  /** A Harbor verifier wrote neither /logs/verifier/reward.json nor reward.txt. */
+  | 'reward_file_missing'
+  /** A Harbor reward file is empty. */
+  | 'reward_file_empty'
+  /** A Harbor reward file holds no number (reward.txt) or not an object of numbers (reward.json). */
+  | 'reward_file_invalid'
+  /** A Harbor task's [environment.healthcheck] did not pass before the agent: its environment is broken. */
+  | 'healthcheck_failed';
 
 export interface Outcome {
   kind: FailureKind;
@@ -52,6 +60,7 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
     case 'invalid_task':
     case 'image_not_found':
     case 'task_archive_missing':
+    case 'healthcheck_failed':
       return { kind: 'invalid', retry: false };
     case 'docker_unavailable':
     case 'docker_timeout':
@@ -70,6 +79,9 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
       return { kind: 'agent', retry: false };
     case 'verifier_crashed':
     case 'verifier_timeout':
+    case 'reward_file_missing':
+    case 'reward_file_empty':
+    case 'reward_file_invalid':
       return { kind: 'verifier', retry: false };
     default: {
       const unreachable: never = code;

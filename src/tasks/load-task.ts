@@ -3,7 +3,7 @@
 // batch that has any problem. Files are read as hostile: only regular files (a FIFO would block, a
 // device never end), at most MAX_YAML_BYTES, and a file's content is never echoed back.
 import { constants, type Stats } from 'node:fs';
-import { open, readdir, stat } from 'node:fs/promises';
+import { lstat, open, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import type { z } from 'zod';
@@ -13,6 +13,8 @@ import { printable } from '../errors/printable.ts';
 import type { Redis } from 'ioredis';
 import { BatchFile } from './batch-spec.ts';
 import { getTaskArchive } from './task-store.ts';
+import { HARBOR_FILES, resolveHarborTask, type HarborFolder, type HostEnv } from './harbor-task.ts';
+import type { TaskArchive } from './task-archive.ts';
 import { TaskFile, TaskSpec, resolveTask, type TaskDefaults } from './task-spec.ts';
 
 /** A task of a batch: a folder on this machine, or an archive already stored by its digest. */
@@ -107,9 +109,10 @@ async function isDir(p: string): Promise<boolean> {
   return stat(p).then((s) => s.isDirectory(), () => false);
 }
 
-/** Load one task folder, resolved against the batch defaults. */
-export async function loadTask(dir: string, defaults: TaskDefaults = {}): Promise<LoadedTask & { dir: string }> {
+/** Load one task folder (task.yaml, or Harbor's task.toml), resolved against the batch defaults. */
+export async function loadTask(dir: string, defaults: TaskDefaults = {}, hostEnv: HostEnv = {}): Promise<LoadedTask & { dir: string }> {
   const abs = path.resolve(dir);
+  if (await isTaskFolder(abs, 'task.toml') && !(await isTaskFolder(abs, 'task.yaml'))) return { dir: abs, spec: await loadHarborFolder(abs, defaults, hostEnv) };
   const yamlFile = path.join(abs, 'task.yaml');
   const file = parseWith(TaskFile, await readYaml(yamlFile, true), yamlFile);
   const resolved = resolveTask(file, defaults);
@@ -122,20 +125,68 @@ export async function loadTask(dir: string, defaults: TaskDefaults = {}): Promis
   return { dir: abs, spec };
 }
 
+async function isTaskFolder(dir: string, marker: 'task.yaml' | 'task.toml'): Promise<boolean> {
+  return lstat(path.join(dir, marker)).then(() => true, () => false);
+}
+
+async function isFile(p: string): Promise<boolean> {
+  return lstat(p).then((s) => s.isFile(), () => false);
+}
+
+/** A Harbor folder read from disk: task.toml and instruction.md as bounded regular files, the rest by presence. */
+async function loadHarborFolder(dir: string, defaults: TaskDefaults, hostEnv: HostEnv): Promise<TaskSpec> {
+  const folder: HarborFolder = {
+    name: path.basename(dir),
+    tomlText: await readBounded(path.join(dir, HARBOR_FILES.toml), true),
+    instruction: await readBounded(path.join(dir, HARBOR_FILES.instruction), true),
+    has: {
+      dockerfile: await isFile(path.join(dir, HARBOR_FILES.dockerfile)),
+      compose: (await Promise.all(HARBOR_FILES.compose.map((f) => isFile(path.join(dir, f))))).some(Boolean),
+      testScript: await isFile(path.join(dir, HARBOR_FILES.testScript)),
+      testsDockerfile: await isFile(path.join(dir, HARBOR_FILES.testsDockerfile)),
+    },
+  };
+  return resolveHarbor(folder, dir, defaults, hostEnv);
+}
+
+/** A Harbor folder read from a stored archive (the API's way in: no `${VAR}` comes from this host). */
+function harborFolderOf(archive: TaskArchive, name: string): HarborFolder | undefined {
+  const tomlText = archive.readText(HARBOR_FILES.toml);
+  if (tomlText === undefined) return undefined;
+  const has = (f: string) => archive.readText(f) !== undefined;
+  return {
+    name,
+    tomlText,
+    instruction: archive.readText(HARBOR_FILES.instruction) ?? '',
+    has: {
+      dockerfile: has(HARBOR_FILES.dockerfile),
+      compose: HARBOR_FILES.compose.some(has),
+      testScript: has(HARBOR_FILES.testScript),
+      testsDockerfile: has(HARBOR_FILES.testsDockerfile),
+    },
+  };
+}
+
+function resolveHarbor(folder: HarborFolder, where: string, defaults: TaskDefaults, hostEnv: HostEnv): TaskSpec {
+  const resolved = resolveHarborTask(folder, defaults, hostEnv, describeIssues);
+  if (!resolved.ok) throw invalid(where, resolved.problems.map((p) => `${p.file}: ${p.message}`));
+  return parseWith(TaskSpec, resolved.spec, path.join(where, HARBOR_FILES.toml));
+}
+
 /** A path from a batch file: a task folder, or a folder whose sub-folders with task.yaml are tasks. */
 async function expandTaskPath(p: string, batchFile: string, index: number): Promise<string[]> {
   if (!(await isDir(p))) throw invalid(batchFile, [`tasks.${index}: not a folder (got ${printable(JSON.stringify(p))})`]);
-  if (await stat(path.join(p, 'task.yaml')).then(() => true, () => false)) return [p];
+  if (await isTaskFolder(p, 'task.yaml') || await isTaskFolder(p, 'task.toml')) return [p];
   const children = (await readdir(p, { withFileTypes: true }))
     .filter((d) => d.isDirectory())
     .map((d) => path.join(p, d.name))
     .sort();
   const tasks: string[] = [];
   for (const child of children) {
-    if (await stat(path.join(child, 'task.yaml')).then(() => true, () => false)) tasks.push(child);
+    if (await isTaskFolder(child, 'task.yaml') || await isTaskFolder(child, 'task.toml')) tasks.push(child);
   }
   if (tasks.length === 0) {
-    throw invalid(batchFile, [`tasks.${index}: no task.yaml in ${printable(JSON.stringify(p))} or its sub-folders`]);
+    throw invalid(batchFile, [`tasks.${index}: no task.yaml or task.toml in ${printable(JSON.stringify(p))} or its sub-folders`]);
   }
   return tasks;
 }
@@ -159,11 +210,21 @@ export function batchNameFromFile(file: string): string | undefined {
   return name === '' ? undefined : name;
 }
 
+/** Where a batch comes from: its name in messages, the folder relative task paths start from, the store, `${VAR}` values. */
+interface BatchSource {
+  file: string;
+  base?: string;
+  archives?: ArchiveSource;
+  /** Harbor's `${VAR}` in task.toml env tables are read from here; none for the API. @default none */
+  hostEnv?: HostEnv;
+}
+
 /** Load and validate a batch file and every task it names. Throws on the first file with problems. */
 export async function loadBatch(batchPath: string, archives?: ArchiveSource): Promise<LoadedBatch> {
   const file = path.resolve(batchPath);
   const parsed = parseWith(BatchFile, await readYaml(file, false), file);
-  return resolveBatch(parsed, { file, base: path.dirname(file), archives });
+  // A batch file on this machine: Harbor's `${VAR}` in task.toml env tables read this process's environment.
+  return resolveBatch(parsed, { file, base: path.dirname(file), archives, hostEnv: process.env });
 }
 
 /**
@@ -171,7 +232,7 @@ export async function loadBatch(batchPath: string, archives?: ArchiveSource): Pr
  * `file` names the source in messages ("request"); `base` resolves relative task folders, and without
  * one a batch may name stored tasks only (the API must never read its own disk for a caller).
  */
-export async function loadBatchObject(input: unknown, where: { file: string; base?: string; archives?: ArchiveSource }): Promise<LoadedBatch> {
+export async function loadBatchObject(input: unknown, where: BatchSource): Promise<LoadedBatch> {
   return resolveBatch(parseWith(BatchFile, input, where.file), where);
 }
 
@@ -186,6 +247,11 @@ async function loadStoredTask(digest: string, defaults: TaskDefaults, source: Ar
     }
     throw err;
   }
+  const harbor = harborFolderOf(archive, `task-${digest.slice(0, 12)}`);
+  if (harbor !== undefined && archive.readText('task.yaml') === undefined) {
+    const spec = resolveHarbor(harbor, `${where} (task ${digest.slice(0, 12)})`, defaults, {});
+    return { task: { digest, spec }, hasSolution: archive.files('solution').has('solve.sh') };
+  }
   const yamlFile = `${where} (task ${digest.slice(0, 12)}) task.yaml`;
   const text = archive.readText('task.yaml');
   if (text === undefined) throw invalid(yamlFile, ['missing']);
@@ -194,7 +260,7 @@ async function loadStoredTask(digest: string, defaults: TaskDefaults, source: Ar
   return { task: { digest, spec }, hasSolution: archive.files('solution').has('solve.sh') };
 }
 
-async function resolveBatch(parsed: BatchFile, where: { file: string; base?: string; archives?: ArchiveSource }): Promise<LoadedBatch> {
+async function resolveBatch(parsed: BatchFile, where: BatchSource): Promise<LoadedBatch> {
   const { file } = where;
   const name = parsed.name ?? batchNameFromFile(file);
   if (name === undefined) throw invalid(file, ['name: missing, and the file name gives none: set name: (got nothing)']);
@@ -222,7 +288,7 @@ async function resolveBatch(parsed: BatchFile, where: { file: string; base?: str
     }
     if (where.base === undefined) throw invalid(file, [`tasks.${index}: a task folder is not accepted here; upload the task and name its digest (got ${printable(JSON.stringify(entry))})`]);
     for (const dir of await expandTaskPath(path.resolve(where.base, entry), file, index)) {
-      const task = await loadTask(dir, batch.defaults);
+      const task = await loadTask(dir, batch.defaults, where.hostEnv ?? {});
       if (batch.agent.kind === 'oracle') await checkOracleSolution(task);
       add(task);
     }

@@ -103,14 +103,17 @@ function normalizeAbsolute(p: string): string {
   return `/${parts.join('/')}`;
 }
 
-const workdirPath = absolutePath.superRefine((p, ctx) => {
+/** Why `p` cannot be a task's workdir, or undefined. Harbor tasks may work in "/" (they copy no workspace). */
+function workdirProblem(p: string, allowRoot: boolean): string | undefined {
   const norm = normalizeAbsolute(p);
-  if (norm === '/') {
-    ctx.addIssue({ code: 'custom', message: 'must not be / (the workspace is copied into it)' });
-    return;
-  }
+  if (norm === '/') return allowRoot ? undefined : 'must not be / (the workspace is copied into it)';
   const reserved = RESERVED_SANDBOX_PATHS.find((r) => norm === r || norm.startsWith(`${r}/`));
-  if (reserved !== undefined) ctx.addIssue({ code: 'custom', message: `must not be in ${reserved} (reserved in the sandbox)` });
+  return reserved === undefined ? undefined : `must not be in ${reserved} (reserved in the sandbox)`;
+}
+
+const workdirPath = absolutePath.superRefine((p, ctx) => {
+  const problem = workdirProblem(p, false);
+  if (problem !== undefined) ctx.addIssue({ code: 'custom', message: problem });
 });
 
 /**
@@ -165,20 +168,82 @@ export const TaskDefaults = z.strictObject({
 });
 export type TaskDefaults = z.infer<typeof TaskDefaults>;
 
+/** The network a Harbor task asks for in a phase (what the fleet applies is capped by the operator). */
+export const NetworkMode = z.enum(['public', 'no-network', 'allowlist']);
+export type NetworkMode = z.infer<typeof NetworkMode>;
+
+/** Environment variables handed to one phase: names as a shell takes them, 64 KiB in all. */
+export const PhaseEnv = z
+  .record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'an environment variable name'), z.string())
+  .superRefine((env, ctx) => {
+    const bytes = Object.entries(env).reduce((n, [k, v]) => n + Buffer.byteLength(k) + Buffer.byteLength(v) + 2, 0);
+    if (bytes > 64 * 1024) ctx.addIssue({ code: 'custom', message: `at most 65536 bytes of names and values (got ${bytes} bytes)` });
+  });
+
+/** Where Harbor puts what the agent and the verifier leave, inside the sandbox. */
+export const HARBOR_LOGS_DIR = '/logs';
+/** How Harbor runs a task's tests (H:verifier/verifier.py): the script's exit code is ignored, the reward file counts. */
+export const HARBOR_TEST_COMMAND = '(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1';
+
+/**
+ * How a Harbor task folder (task.toml) runs, as resolved at enqueue (src/tasks/harbor-task.ts): the
+ * image comes from `docker_image` when the engine has it, else from environment/ built by the fleet;
+ * every command is `bash -c` in the workdir as the phase's user; the reward is the verifier's reward
+ * file, not its exit code.
+ */
+export const HarborRun = z.strictObject({
+  /** task.toml's schema_version (or version), as written. */
+  schemaVersion: z.string().max(32).optional(),
+  /** `[environment].docker_image`: used when the engine has it (there is no registry to pull from). */
+  dockerImage: ImageReference.optional(),
+  /** environment/ has a Dockerfile: built per engine (named by its content) when dockerImage is missing. */
+  build: z.strictObject({ timeoutSec: seconds }).optional(),
+  /** Only docker_image, no Dockerfile: the files of environment/ are copied into the workdir after start. */
+  uploadEnvironment: z.boolean(),
+  /** No `[environment].workdir`: the image's WORKDIR (else /) is the workdir of every exec. */
+  workdirFromImage: z.boolean(),
+  /** `[agent].user` (the oracle and command agents run as it); unset, the image's USER. */
+  agentUser: z.string().max(65).optional(),
+  /** `[verifier].user`; unset, the image's USER. */
+  verifierUser: z.string().max(65).optional(),
+  /** `[environment].env`, resolved: the agent's (and the healthcheck's) environment. */
+  env: PhaseEnv,
+  /** `[verifier].env`: the verifier's environment. */
+  verifierEnv: PhaseEnv,
+  /** `[solution].env`: the oracle's environment (with DEBIAN_FRONTEND=noninteractive). */
+  solutionEnv: PhaseEnv,
+  /** `[environment.healthcheck]`: run until it passes before the agent starts. */
+  healthcheck: z.strictObject({
+    command,
+    intervalSec: seconds,
+    timeoutSec: seconds,
+    startPeriodSec: z.number().min(0).max(24 * 3600),
+    startIntervalSec: seconds,
+    retries: z.number().int().min(1).max(1_000),
+  }).optional(),
+  /** The network each phase asked for; the agent and the verifier run with what the operator allows (recorded in the result). */
+  network: z.strictObject({ agent: NetworkMode, verifier: NetworkMode }),
+}).refine((h) => h.dockerImage !== undefined || h.build !== undefined, 'needs [environment].docker_image or environment/Dockerfile');
+export type HarborRun = z.infer<typeof HarborRun>;
+
 /** A task resolved against batch defaults; this is what an episode job carries. */
 export const TaskSpec = z
   .strictObject({
     id: taskId,
     instruction,
     image: ImageReference,
-    workdir: workdirPath,
+    workdir: absolutePath,
     verify: z.strictObject({ command, timeoutSec: seconds }),
     deadlineSec: seconds,
     // A job queued before diskMb existed still parses, with the built-in default.
     limits: Limits.extend({ diskMb: Limits.shape.diskMb.default(BUILTIN_DEFAULTS.limits.diskMb) }).strict(),
     reserves: Reserves.strict(),
+    /** Set for a Harbor task folder (task.toml); unset for the fleet's own format (task.yaml). */
+    harbor: HarborRun.optional(),
   })
   .superRefine((task, ctx) => {
+    const workdir = workdirProblem(task.workdir, task.harbor !== undefined);
+    if (workdir !== undefined) ctx.addIssue({ code: 'custom', path: ['workdir'], message: workdir });
     if (task.reserves.verifySec < task.verify.timeoutSec) {
       ctx.addIssue({
         code: 'custom',

@@ -60,7 +60,7 @@ function entryPath(raw: string): string | undefined {
   if (segments.length === 0) return undefined;
   const [top] = segments as [string];
   if (!(TASK_PARTS as readonly string[]).includes(top)) {
-    throw refuse(`${shown(raw)}: not part of a task (only task.yaml, workspace/, tests/ and solution/ at the top: tar the folder's contents, e.g. tar -C my-task -cf - .)`);
+    throw refuse(`${shown(raw)}: not part of a task (only task.yaml, workspace/, tests/ and solution/, or Harbor's task.toml, instruction.md, environment/, tests/ and solution/, at the top: tar the folder's contents, e.g. tar -C my-task -cf - .)`);
   }
   return segments.join('/');
 }

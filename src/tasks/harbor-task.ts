@@ -1,0 +1,198 @@
+// A Harbor task folder (task.toml, instruction.md, environment/, tests/test.sh, solution/) resolved to
+// the fleet's TaskSpec, as Harbor v0.22.0 would run it, with the fleet's invariants kept:
+// - the agent's timeout, unset in Harbor ("no limit"), is bounded by the batch's deadline;
+// - the network a phase asks for is recorded, and what runs is capped by the operator (no-network);
+// - what the fleet cannot give is refused by name: GPUs, TPUs, Windows, MCP servers, multi-step tasks,
+//   separate verifier environments and task services (environment/docker-compose.yaml) for now;
+// - `${VAR}` in `[environment].env` and the other env tables is read from the enqueuing host only
+//   when the name is not a secret's nor a fleet setting's, and never on the API's behalf.
+import path from 'node:path';
+import { parse as parseToml } from 'smol-toml';
+import { isSecretName } from '../config/secret-names.ts';
+import { printable } from '../errors/printable.ts';
+import { HarborTaskToml } from './harbor-toml.ts';
+import {
+  BUILTIN_DEFAULTS,
+  HARBOR_TEST_COMMAND,
+  MAX_INSTRUCTION_BYTES,
+  type NetworkMode,
+  type TaskDefaults,
+} from './task-spec.ts';
+
+/** What of a Harbor task folder the resolver looks at, read by the loader (from disk or a stored archive). */
+export interface HarborFolder {
+  /** The folder's name: the task id is made from it. */
+  name: string;
+  tomlText: string;
+  instruction: string;
+  has: { dockerfile: boolean; compose: boolean; testScript: boolean; testsDockerfile: boolean };
+}
+
+/** Where `${VAR}` values come from: the producer's environment, or none (a request to the API). */
+export type HostEnv = Readonly<Record<string, string | undefined>>;
+
+/** The image of a Harbor task whose environment/ the worker builds (tagged by its content there). */
+export const HARBOR_BUILT_IMAGE = 'rollout-fleet/env:built';
+
+/** A problem of the folder: which file, which field, what is wrong. */
+export interface HarborProblem {
+  file: 'task.toml' | 'instruction.md' | 'environment/' | 'tests/';
+  message: string;
+}
+
+export type HarborResolved = { ok: true; spec: unknown } | { ok: false; problems: HarborProblem[] };
+
+// Harbor's canary lines (H:models/task/task.py): HTML or hash comments naming a canary, then blank lines.
+const CANARY_LINE = /^(<!--.*canary.*-->|#.*canary.*)$/i;
+
+/** The instruction as the agent sees it: leading canary lines, and the blank lines after them, removed. */
+export function stripCanary(text: string): string {
+  const lines = text.split('\n');
+  let i = 0;
+  while (i < lines.length && CANARY_LINE.test(lines[i]!.trim())) i++;
+  while (i < lines.length && lines[i]!.trim() === '') i++;
+  return lines.slice(i).join('\n');
+}
+
+/** Settings of the fleet that a task must never read into its sandbox, whatever their names end with. */
+const FLEET_SETTING = /^(REDIS_|MODEL_|FLEET_|AWS_|S3_|DOCKER_|OPENAI_|ANTHROPIC_|API_)/;
+
+/** The task id a folder name gives: lower-case, other characters as "-", at most 63. */
+export function harborTaskId(folderName: string): string {
+  const id = folderName
+    .toLowerCase()
+    .replace(/[^a-z0-9_-]+/g, '-')
+    .replace(/^[^a-z0-9]+/, '')
+    .slice(0, 63);
+  return id === '' ? 'task' : id;
+}
+
+/** `${VAR}` and `${VAR:-default}` in `value`, from `host`; problems name the table and the key. */
+function interpolate(value: string, field: string, host: HostEnv, problems: HarborProblem[]): string {
+  return value.replace(/\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}/g, (_m, name: string, fallback: string | undefined) => {
+    if (isSecretName(name) || FLEET_SETTING.test(name)) {
+      problems.push({ file: 'task.toml', message: `${field}: \${${name}} would read a secret or a setting of the fleet into the sandbox; write the value itself` });
+      return '';
+    }
+    const found = host[name];
+    if (found !== undefined) return found;
+    if (fallback !== undefined) return fallback;
+    problems.push({ file: 'task.toml', message: `${field}: \${${name}} is not set where the batch was enqueued, and has no default (write \${${name}:-value})` });
+    return '';
+  });
+}
+
+function resolveEnv(table: Record<string, string>, field: string, host: HostEnv, problems: HarborProblem[]): Record<string, string> {
+  return Object.fromEntries(Object.entries(table).map(([k, v]) => [k, interpolate(v, `${field}.${k}`, host, problems)]));
+}
+
+/** "field: message (got value)" lines for what zod refused. */
+type Describe = (error: import('zod').ZodError, input: unknown) => string[];
+
+/**
+ * The TaskSpec (not yet validated: the caller parses it with TaskSpec, so every message names its
+ * field) of a Harbor task folder, against the batch defaults, or the problems that refuse it.
+ */
+export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, host: HostEnv, describe: Describe): HarborResolved {
+  const problems: HarborProblem[] = [];
+  let raw: unknown;
+  try {
+    raw = parseToml(folder.tomlText);
+  } catch (err) {
+    // smol-toml's message names the line and column, then quotes the line: only the first line is kept.
+    const first = printable(String((err as Error).message).split('\n')[0] ?? '');
+    return { ok: false, problems: [{ file: 'task.toml', message: `not valid TOML: ${first}` }] };
+  }
+  const parsed = HarborTaskToml.safeParse(raw);
+  if (!parsed.success) return { ok: false, problems: describe(parsed.error, raw).map((message) => ({ file: 'task.toml', message })) };
+  const toml = parsed.data;
+  const env = toml.environment;
+
+  // What the fleet cannot give, refused by name (gpus = 0 and mcp_servers = [], as published tasks write them, are fine).
+  if ((env.gpus ?? 0) > 0) problems.push({ file: 'task.toml', message: `environment.gpus: this fleet's sandboxes have no GPUs (got ${env.gpus})` });
+  if (env.tpu !== undefined) problems.push({ file: 'task.toml', message: 'environment.tpu: this fleet\'s sandboxes have no TPUs (got a value)' });
+  if (env.os.toLowerCase() !== 'linux') problems.push({ file: 'task.toml', message: `environment.os: only "linux" runs here (got ${JSON.stringify(printable(env.os))})` });
+  if ((env.mcp_servers?.length ?? 0) > 0) problems.push({ file: 'task.toml', message: `environment.mcp_servers: MCP servers beside the agent are not supported (got ${env.mcp_servers!.length})` });
+  if ((toml.steps?.length ?? 0) > 0) problems.push({ file: 'task.toml', message: `steps: multi-step tasks are not supported yet (got ${toml.steps!.length} steps)` });
+  if (toml.verifier.environment !== undefined || toml.verifier.environment_mode === 'separate' || folder.has.testsDockerfile) {
+    problems.push({ file: 'task.toml', message: 'verifier.environment: a separate verifier environment is not supported yet (tests/Dockerfile or [verifier.environment]); the verifier runs in the agent\'s container' });
+  }
+  if (folder.has.compose) problems.push({ file: 'environment/', message: 'docker-compose.yaml: task services are not supported yet; give the task one container (environment/Dockerfile or docker_image)' });
+  if (!folder.has.testScript) problems.push({ file: 'tests/', message: 'test.sh: missing (Harbor runs tests/test.sh, which writes /logs/verifier/reward.txt or reward.json)' });
+  if (env.docker_image === undefined && !folder.has.dockerfile) {
+    problems.push({ file: 'environment/', message: 'Dockerfile: missing, and task.toml sets no environment.docker_image: the task has no image' });
+  }
+
+  const instruction = stripCanary(folder.instruction);
+  const instructionBytes = Buffer.byteLength(instruction);
+  if (instruction.trim() === '') problems.push({ file: 'instruction.md', message: 'empty (after its canary lines): the agent would have nothing to do' });
+  else if (instructionBytes > MAX_INSTRUCTION_BYTES) problems.push({ file: 'instruction.md', message: `at most ${MAX_INSTRUCTION_BYTES} bytes (got ${instructionBytes} bytes)` });
+
+  const agentEnv = resolveEnv(env.env, 'environment.env', host, problems);
+  const verifierEnv = resolveEnv(toml.verifier.env, 'verifier.env', host, problems);
+  const solutionEnv = resolveEnv(toml.solution.env, 'solution.env', host, problems);
+  if (problems.length > 0) return { ok: false, problems };
+
+  // allow_internet (deprecated): true is "public", false "no-network"; Harbor's default is public.
+  const taskNetwork: NetworkMode = env.network_mode ?? (env.allow_internet === false ? 'no-network' : 'public');
+  const network = { agent: toml.agent.network_mode ?? taskNetwork, verifier: toml.verifier.network_mode ?? taskNetwork };
+
+  const hc = env.healthcheck;
+  const healthcheck = hc && {
+    command: hc.command, intervalSec: hc.interval_sec, timeoutSec: hc.timeout_sec,
+    startPeriodSec: hc.start_period_sec, startIntervalSec: hc.start_interval_sec, retries: hc.retries,
+  };
+  // The healthcheck runs in set-up: its worst case (the start period, then every retry timing out) is
+  // added to the set-up reserve, so a slow but healthy service is not cut short by the fleet.
+  const healthcheckSec = healthcheck ? healthcheck.startPeriodSec + healthcheck.retries * (healthcheck.intervalSec + healthcheck.timeoutSec) : 0;
+  const setupSec = (defaults.reserves?.setupSec ?? BUILTIN_DEFAULTS.reserves.setupSec) + healthcheckSec;
+  const verifySec = toml.verifier.timeout_sec + 10;
+  const closeSec = defaults.reserves?.closeSec ?? BUILTIN_DEFAULTS.reserves.closeSec;
+  // Harbor's unset agent timeout means no limit; here the batch's deadline (or the fleet's) bounds it.
+  const agentSec = toml.agent.timeout_sec ?? defaults.deadlineSec ?? BUILTIN_DEFAULTS.deadlineSec;
+
+  const workdir = env.workdir;
+  const memoryMb = env.memory_mb ?? env.memory;
+  const diskMb = env.storage_mb ?? env.storage;
+  const spec = {
+    id: harborTaskId(folder.name),
+    instruction,
+    image: env.docker_image ?? HARBOR_BUILT_IMAGE,
+    workdir: workdir ?? '/',
+    verify: { command: HARBOR_TEST_COMMAND, timeoutSec: toml.verifier.timeout_sec },
+    deadlineSec: setupSec + agentSec + verifySec + closeSec,
+    limits: {
+      ...BUILTIN_DEFAULTS.limits,
+      ...defaults.limits,
+      ...(memoryMb !== undefined && { memoryMb }),
+      ...(env.cpus !== undefined && { cpus: env.cpus }),
+      ...(diskMb !== undefined && { diskMb }),
+    },
+    reserves: { setupSec, verifySec, closeSec },
+    harbor: {
+      ...(toml.schema_version ?? toml.version ? { schemaVersion: toml.schema_version ?? toml.version } : {}),
+      ...(env.docker_image !== undefined && { dockerImage: env.docker_image }),
+      ...(folder.has.dockerfile && { build: { timeoutSec: env.build_timeout_sec } }),
+      uploadEnvironment: !folder.has.dockerfile,
+      workdirFromImage: workdir === undefined,
+      ...(toml.agent.user !== undefined && { agentUser: toml.agent.user }),
+      ...(toml.verifier.user !== undefined && { verifierUser: toml.verifier.user }),
+      env: agentEnv,
+      verifierEnv,
+      solutionEnv,
+      ...(healthcheck && { healthcheck }),
+      network,
+    },
+  };
+  return { ok: true, spec };
+}
+
+/** The files of a Harbor folder that the resolver needs, by their paths inside the folder. */
+export const HARBOR_FILES = {
+  toml: 'task.toml',
+  instruction: 'instruction.md',
+  dockerfile: path.posix.join('environment', 'Dockerfile'),
+  compose: ['environment/docker-compose.yaml', 'environment/docker-compose.yml'],
+  testScript: path.posix.join('tests', 'test.sh'),
+  testsDockerfile: path.posix.join('tests', 'Dockerfile'),
+} as const;
