@@ -40,8 +40,13 @@ export const EpisodeResult = z.object({
   status: EpisodeStatus,
   /** Set when status is error: which kind of failure, with its stable code and message. */
   error: z.object({ kind: z.enum(FAILURE_KINDS), code: z.string(), message: z.string() }).optional(),
-  /** 1 or 0 from the verifier; null when the episode was not graded. */
+  /**
+   * The verifier's reward: 1 or 0 from its exit code (the fleet's own tasks), any float from a Harbor
+   * task's reward file; null when the episode was not graded.
+   */
   reward: z.number().nullable(),
+  /** Every number of a Harbor task's reward.json by its key (reward.txt gives { reward }); unset for exit-code grading. */
+  metrics: z.record(z.string(), z.number()).optional(),
   /** Attempts this episode took, the last included. */
   attempts: z.number().int().min(1),
   workerId: z.string(),
@@ -57,7 +62,14 @@ export const EpisodeResult = z.object({
     image: z.string(),
     imageId: z.string().optional(),
     agent: AgentSpec,
+    /** A Harbor task's environment: built by the fleet from environment/ (its content digest), or its docker_image. */
+    environment: z.object({ source: z.enum(['built', 'docker_image']), digest: z.string().optional() }).optional(),
   }),
+  /** The network each phase of a Harbor task asked for, and what the fleet applied (capped by the operator). */
+  network: z.object({
+    agent: z.object({ requested: z.string(), applied: z.string() }),
+    verifier: z.object({ requested: z.string(), applied: z.string() }),
+  }).optional(),
   agent: Captured.optional(),
   verifier: Captured.optional(),
   /** The runtime generation the sandbox mounted, whether it was already installed, and preparation time. */

@@ -17,6 +17,8 @@ export interface BatchSummary {
   byKind: Partial<Record<FailureKind, number>>;
   /** Mean reward over graded episodes; null when none was graded yet. */
   meanReward: number | null;
+  /** Mean of each reward-file metric over the graded episodes that reported it (Harbor tasks' reward.json keys). */
+  metrics: Record<string, { mean: number; n: number }>;
   /** Unbiased pass@k (Chen et al. 2021) averaged over tasks, for k = 1 and k = the samples per task. */
   passAt: Record<string, number>;
   /** Milliseconds per phase over the episodes that reached it. */
@@ -47,6 +49,7 @@ export function summarize(batchId: string, total: number, results: readonly Resu
   const perTask = new Map<string, { n: number; c: number }>();
   let rewardSum = 0;
   let graded = 0;
+  const metricSums = new Map<string, { sum: number; n: number }>();
   for (const r of results) {
     byStatus[r.status] += 1;
     if (r.error) byKind[r.error.kind] = (byKind[r.error.kind] ?? 0) + 1;
@@ -57,6 +60,12 @@ export function summarize(batchId: string, total: number, results: readonly Resu
       t.n += 1;
       t.c += r.reward >= 1 ? 1 : 0;
       perTask.set(r.taskId, t);
+      for (const [key, value] of Object.entries(r.metrics ?? {})) {
+        const m = metricSums.get(key) ?? { sum: 0, n: 0 };
+        m.sum += value;
+        m.n += 1;
+        metricSums.set(key, m);
+      }
     }
     for (const p of PHASES) {
       const v = r.timings[p];
@@ -87,6 +96,7 @@ export function summarize(batchId: string, total: number, results: readonly Resu
     byStatus,
     byKind,
     meanReward: graded === 0 ? null : rewardSum / graded,
+    metrics: Object.fromEntries([...metricSums].sort(([a], [b]) => (a < b ? -1 : 1)).map(([k, m]) => [k, { mean: m.sum / m.n, n: m.n }])),
     passAt,
     phases,
     tokens,
@@ -102,6 +112,7 @@ export function formatSummary(s: BatchSummary): string {
     `batch ${s.batchId}: ${s.done}/${s.total} done${s.finished ? '' : ' (running)'}`,
     `  ${statuses || 'no results yet'}${kinds ? ` | errors by kind: ${kinds}` : ''}`,
     `  mean reward ${s.meanReward === null ? '-' : s.meanReward.toFixed(3)}${passAt ? `, ${passAt}` : ''}`,
+    ...(Object.keys(s.metrics).length > 0 ? [`  metrics: ${Object.entries(s.metrics).map(([k, m]) => `${k} ${m.mean.toFixed(3)}`).join(', ')}`] : []),
     `  p50/p95 ms: setup ${setupMs.p50}/${setupMs.p95}, agent ${agentMs.p50}/${agentMs.p95}, verify ${verifyMs.p50}/${verifyMs.p95}, total ${totalMs.p50}/${totalMs.p95}`,
     ...(s.tokens.total > 0 ? [`  tokens ${s.tokens.total} (prompt ${s.tokens.prompt}, completion ${s.tokens.completion})`] : []),
   ].join('\n');

@@ -17,6 +17,8 @@ export interface ResultOutline {
   usage?: NonNullable<EpisodeResult['usage']>;
   /** Absent from outlines stored before it was kept. */
   endedAt?: string;
+  /** A Harbor reward file's metrics. */
+  metrics?: Record<string, number>;
 }
 
 /**
@@ -29,7 +31,7 @@ export function encodeOutline(r: EpisodeResult): string {
     r.status, r.taskId, r.reward, r.attempts, r.workerId, r.error?.kind ?? null, r.error?.code ?? null,
     t.setupMs ?? null, t.agentMs ?? null, t.verifyMs ?? null, t.closeMs ?? null, t.totalMs,
     r.usage?.promptTokens ?? null, r.usage?.completionTokens ?? null, r.usage?.totalTokens ?? null,
-    r.endedAt,
+    r.endedAt, r.metrics ?? null,
   ]);
 }
 
@@ -37,12 +39,12 @@ type Stored = [
   ResultOutline['status'], string, number | null, number, string, FailureKind | null, string | null,
   number | null, number | null, number | null, number | null, number,
   number | null, number | null, number | null,
-  string | undefined,
+  string | undefined, Record<string, number> | null | undefined,
 ];
 
 /** An outline from its stored form (the JSON text, or the array it parses to). */
 export function decodeOutline(episodeId: string, stored: unknown): ResultOutline {
-  const [status, taskId, reward, attempts, workerId, kind, code, setupMs, agentMs, verifyMs, closeMs, totalMs, prompt, completion, total, endedAt] = (typeof stored === 'string' ? JSON.parse(stored) : stored) as Stored;
+  const [status, taskId, reward, attempts, workerId, kind, code, setupMs, agentMs, verifyMs, closeMs, totalMs, prompt, completion, total, endedAt, metrics] = (typeof stored === 'string' ? JSON.parse(stored) : stored) as Stored;
   const timings: ResultOutline['timings'] = { totalMs };
   if (setupMs !== null) timings.setupMs = setupMs;
   if (agentMs !== null) timings.agentMs = agentMs;
@@ -54,5 +56,6 @@ export function decodeOutline(episodeId: string, stored: unknown): ResultOutline
     timings,
     ...(prompt !== null && { usage: { promptTokens: prompt, completionTokens: completion ?? 0, totalTokens: total ?? 0 } }),
     ...(typeof endedAt === 'string' && { endedAt }),
+    ...(metrics !== null && metrics !== undefined && typeof metrics === 'object' && { metrics }),
   };
 }

@@ -22,6 +22,9 @@ const COLUMNS: [string, (r: EpisodeResult) => unknown][] = [
   ['image_id', (r) => r.provenance.imageId],
   ['agent', (r) => r.provenance.agent.kind],
   ['error_message', (r) => r.error?.message],
+  // A Harbor reward file's metrics as one JSON object ({"correctness":1,"performance":0.5}); last, so
+  // the columns before it keep their places.
+  ['metrics', (r) => (r.metrics ? JSON.stringify(r.metrics) : undefined)],
 ];
 
 function cell(value: unknown): string {

@@ -34,6 +34,15 @@ describe('batch summary', () => {
 
   it('writes CSV with quoting', () => {
     const csv = resultsCsv([result('c', 1, 'error', null, 400)]).split('\n');
-    expect(csv[1]).toMatch(/^b\.c\.1,b,c,1,error,infra,docker_timeout,,1,w,40,,,,400,,d,,oracle,"slow, ""very"""$/);
+    expect(csv[1]).toMatch(/^b\.c\.1,b,c,1,error,infra,docker_timeout,,1,w,40,,,,400,,d,,oracle,"slow, ""very""",$/);
+  });
+
+  it('keeps float rewards and reward-file metrics: means per metric, in the summary and the CSV', () => {
+    const withMetrics = (sample: number, metrics: Record<string, number>, reward: number) => ({ ...result('h', sample, 'failed', reward, 100), metrics });
+    const results = [withMetrics(0, { correctness: 1, documentation: 0 }, 0.5), withMetrics(1, { correctness: 0.5 }, 0.5), result('h', 2, 'passed', 1, 100)];
+    const s = summarize('b', 3, results);
+    expect(s.meanReward).toBeCloseTo(2 / 3);
+    expect(s.metrics).toEqual({ correctness: { mean: 0.75, n: 2 }, documentation: { mean: 0, n: 1 } });
+    expect(resultsCsv(results).split('\n')[1]).toMatch(/,"\{""correctness"":1,""documentation"":0\}"$/);
   });
 });
