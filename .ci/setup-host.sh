@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Brings a fresh Debian machine (as root) to where the demo and the tests can run, reusing what already
 # runs: installs redis-server, docker.io, busybox-static, chromium (the dashboard's browser test) and
-# docker-compose (the compose file's test) and btrfs-progs (the disk quota test's engine) if missing, starts dockerd without its
+# docker-compose (the compose file's test), btrfs-progs (the disk quota test's engine) and mmdebstrap
+# (the stand-in base images of Harbor tasks) if missing, starts dockerd without its
 # default bridge when no engine answers, runs `npm ci` when node_modules is stale, compiles dist/
 # (incrementally), and builds the local sandbox image rollout-fleet/sandbox:busybox (there is no registry to pull from).
 # Redis itself is not started here: the demo and the test suite each start a private redis-server
@@ -22,6 +23,9 @@ command -v docker-compose >/dev/null 2>&1 || need_pkgs+=(docker-compose)
 # The disk quota test's second engine keeps its data on a loop-mounted btrfs (StorageOpt size works
 # there; overlay2 over xfs with pquota needs CONFIG_XFS_QUOTA, which these machines' kernel lacks).
 command -v mkfs.btrfs >/dev/null 2>&1 || need_pkgs+=(btrfs-progs)
+# Harbor tasks' Dockerfiles start FROM ubuntu:24.04, python:3.12-slim...: stand-ins are built from
+# Debian's packages (build-base-images.sh), which needs mmdebstrap once (its output is cached).
+command -v mmdebstrap >/dev/null 2>&1 || need_pkgs+=(mmdebstrap)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -64,4 +68,7 @@ npm run build --silent
 bash .ci/build-sandbox-image.sh
 # The fleet's own images for docker-compose, built offline from this host (no registry here).
 bash .ci/build-fleet-images.sh
+# Stand-in base images for Harbor task Dockerfiles (ubuntu:24.04, python:3.12-slim, ...), from one
+# cached Debian root file system: a minute or more the first time, a no-op once tagged.
+bash .ci/build-base-images.sh
 log "ready: $("$docker_cli" version --format 'docker engine {{.Server.Version}}'), redis $(redis-server --version | grep -o 'v=[0-9.]*' | cut -c3-)"

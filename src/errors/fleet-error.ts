@@ -46,7 +46,13 @@ export type FleetErrorCode =
   /** A Harbor reward file holds no number (reward.txt) or not an object of numbers (reward.json). */
   | 'reward_file_invalid'
   /** A Harbor task's [environment.healthcheck] did not pass before the agent: its environment is broken. */
-  | 'healthcheck_failed';
+  | 'healthcheck_failed'
+  /** A task's environment/Dockerfile failed to build: the task's fault (the build log is in the error). */
+  | 'environment_build_failed'
+  /** A task's environment build passed its build_timeout_sec and was aborted. */
+  | 'environment_build_timeout'
+  /** The engine failed under an environment build (connection lost, server error, disk full): not the task's fault. */
+  | 'environment_build_interrupted';
 
 export interface Outcome {
   kind: FailureKind;
@@ -61,6 +67,8 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
     case 'image_not_found':
     case 'task_archive_missing':
     case 'healthcheck_failed':
+    case 'environment_build_failed':
+    case 'environment_build_timeout':
       return { kind: 'invalid', retry: false };
     case 'docker_unavailable':
     case 'docker_timeout':
@@ -71,6 +79,7 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
     case 'runtime_unavailable':
     case 'unexpected':
     case 'worker_lost':
+    case 'environment_build_interrupted':
       return { kind: 'infra', retry: true };
     case 'model_error':
       return { kind: 'model', retry: true };

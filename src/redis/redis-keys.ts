@@ -12,6 +12,17 @@ export const runtimeLastUsedKey = (prefix: string) => `${prefix}:runtime:last-us
 /** Token lock: one per engine and generation, so hosts sharing a Redis install their own engines in parallel. */
 export const runtimeLockKey = (prefix: string, engineId: string, generationId: string) => `${prefix}:runtime:lock:${engineId}:${generationId}`;
 
+// --- task environments (images built from a task's environment/) ---
+
+/** Token lock: one per engine and environment digest, so one build per engine at a time. */
+export const envBuildLockKey = (prefix: string, engineId: string, digest: string) => `${prefix}:env:lock:${engineId}:${digest}`;
+
+/** String with a TTL: a failed build of this digest on this engine (JSON: message and log), so it is not rebuilt per sample. */
+export const envBuildFailureKey = (prefix: string, engineId: string, digest: string) => `${prefix}:env:failed:${engineId}:${digest}`;
+
+/** Hash: image tag -> when an episode last asked for it on this engine (ms since the epoch), for pruning least recently used. */
+export const envLastUsedKey = (prefix: string, engineId: string) => `${prefix}:env:last-used:${engineId}`;
+
 // --- tasks ---
 
 /** String: a packed task folder (tar bytes), named by its sha256. */

@@ -19,6 +19,15 @@ export const LABEL = {
    * episode claimed one is kept in Redis (sandboxClaimKey) for the reaper.
    */
   pool: 'rollout-fleet.pool',
+  /**
+   * On images built from a task's environment/. A container inherits its image's labels, so these
+   * are never `managed` or `fleet` (the reaper would take every sandbox of a built image for its own).
+   */
+  envDigest: 'rollout-fleet.env-digest',
+  /** On built environment images: the fleet's Redis key prefix that built them (pruning lists by it). */
+  envPrefix: 'rollout-fleet.env-prefix',
+  /** On built environment images: when the build started (ISO 8601). */
+  envBuiltAt: 'rollout-fleet.env-built-at',
 } as const;
 
 export interface SandboxOwner {
