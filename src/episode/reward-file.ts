@@ -2,7 +2,11 @@
 // /logs/verifier/reward.json (an object of numbers, any keys) before reward.txt (one float); the test
 // script's exit code is ignored. No file, an empty file or a value that is not a number is an error of
 // the verifier (kind verifier, never retried), not a 0: a grader that could not grade gives no reward.
+import { posix } from 'node:path';
+import tar from 'tar-stream';
 import { FleetError } from '../errors/fleet-error.ts';
+import { dockerStatusOf } from '../sandbox/docker-client.ts';
+import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 
 /** What a verifier's reward files say: the main reward and every metric (reward.json's keys; reward.txt's is "reward"). */
 export interface Reward {
@@ -71,4 +75,47 @@ function fromJson(data: Buffer): Reward {
     metrics[key] = v;
   }
   return { reward: mainReward(metrics), metrics };
+}
+
+/** Where a Harbor verifier writes its reward, inside the sandbox. */
+export const REWARD_FILES = { json: '/logs/verifier/reward.json', txt: '/logs/verifier/reward.txt' } as const;
+
+/** The one regular file at `path` in the sandbox, read through the engine (no tool of the image runs); undefined if there is none. */
+async function readSandboxFile(session: Pick<SandboxSession, 'getArchive'>, file: string, signal: AbortSignal): Promise<Buffer | undefined> {
+  let stream;
+  try {
+    stream = await session.getArchive(file, signal);
+  } catch (err) {
+    if (dockerStatusOf(err) === 404) return undefined;
+    throw err;
+  }
+  const extract = tar.extract();
+  stream.pipe(extract);
+  try {
+    for await (const entry of extract) {
+      if (entry.header.type !== 'file') {
+        entry.resume();
+        throw invalid(posix.basename(file), `is not a regular file (a ${entry.header.type ?? 'special entry'})`);
+      }
+      // One byte past the cap is enough to refuse it; the rest is never read into memory.
+      const chunks: Buffer[] = [];
+      let size = 0;
+      for await (const chunk of entry as AsyncIterable<Buffer>) {
+        if (size <= MAX_REWARD_FILE_BYTES) chunks.push(chunk);
+        size += chunk.length;
+      }
+      return Buffer.concat(chunks).subarray(0, MAX_REWARD_FILE_BYTES + 1);
+    }
+    return undefined;
+  } finally {
+    stream.destroy();
+    extract.destroy();
+  }
+}
+
+/** The reward the verifier left in the sandbox's /logs/verifier (reward.json first). */
+export async function readSandboxReward(session: Pick<SandboxSession, 'getArchive'>, signal: AbortSignal): Promise<Reward> {
+  const json = await readSandboxFile(session, REWARD_FILES.json, signal);
+  const txt = json === undefined ? await readSandboxFile(session, REWARD_FILES.txt, signal) : undefined;
+  return readReward({ json, txt });
 }

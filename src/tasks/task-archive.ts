@@ -57,6 +57,25 @@ export class TaskArchive {
   }
 
   /**
+   * The folder `part/` as a build context: a tar whose names are relative to the folder, modes as
+   * packed, fixed owner and times, in the archive's (sorted) order. The same folder gives the same
+   * bytes, so its sha256 names the content of an environment wherever it is packed.
+   */
+  async partAsContext(part: string): Promise<Buffer> {
+    const common = { mtime: new Date(0), uid: 0, gid: 0, uname: '', gname: '' };
+    return tarBuffer((pack) => {
+      for (const { header, data } of this.entries) {
+        if (!header.name.startsWith(`${part}/`)) continue;
+        const name = header.name.slice(part.length + 1).replace(/\/$/, '');
+        if (name === '') continue;
+        if (header.type === 'directory') pack.entry({ ...common, name: `${name}/`, type: 'directory', mode: header.mode ?? 0o755 });
+        else if (header.type === 'symlink') pack.entry({ ...common, name, type: 'symlink', linkname: header.linkname ?? '', mode: 0o777 });
+        else pack.entry({ ...common, name, type: 'file', mode: header.mode ?? 0o644 }, data);
+      }
+    });
+  }
+
+  /**
    * A tar of the folder `part/` rebased to the absolute folder `dest`, for putArchive at "/": entry
    * names are relative to "/", owned by `owner`, with the destination folder itself as first entry.
    */

@@ -1,0 +1,90 @@
+// The image an episode's sandbox is created from, and what of it the task's commands need (workdir,
+// user). The fleet's own tasks name an image the engine must have. A Harbor task names its
+// `docker_image`, used when the engine has it (there is no registry to pull from), and/or ships
+// environment/ with a Dockerfile, built here once per engine and content (image-build.ts) and reused
+// by every later episode, as runtime generations are.
+import { createHash } from 'node:crypto';
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { FleetError } from '../errors/fleet-error.ts';
+import { dockerCall, dockerStatusOf, type Docker } from '../sandbox/docker-client.ts';
+import type { TaskArchive } from '../tasks/task-archive.ts';
+import type { TaskSpec } from '../tasks/task-spec.ts';
+import { ensureEnvironmentImage, type EnvironmentImage } from './image-build.ts';
+
+/** Bumped when the way an environment is built changes, so images built the old way are not reused. */
+const BUILD_RECIPE = 'rollout-fleet/buildkit-v1';
+
+export interface TaskImage {
+  /** The reference the sandbox is created from. */
+  image: string;
+  /** Where it came from: the task's own image, a Harbor docker_image found on the engine, or built. */
+  source: 'image' | 'docker_image' | 'built';
+  /** The environment's content digest (built images). */
+  digest?: string;
+  /** The image's WORKDIR and USER, as its config says ('' when unset). */
+  config: { workdir: string; user: string };
+  /** The build, when this episode ran or waited for one. */
+  build?: Pick<EnvironmentImage, 'built' | 'readyMs'>;
+}
+
+export interface TaskImageDeps {
+  docker: Docker;
+  redis: Redis;
+  prefix: string;
+  log: Logger;
+  callTimeoutMs: number;
+}
+
+/** The content digest of a Harbor task's environment/: names its built image on every engine. */
+export async function environmentDigest(archive: TaskArchive, networkMode = 'none'): Promise<{ digest: string; context: Buffer }> {
+  const context = await archive.partAsContext('environment');
+  const digest = createHash('sha256').update(`${BUILD_RECIPE}\0network=${networkMode}\0`).update(context).digest('hex');
+  return { digest, context };
+}
+
+async function inspectConfig(deps: TaskImageDeps, image: string, signal: AbortSignal): Promise<TaskImage['config'] | undefined> {
+  try {
+    const info = await dockerCall('inspect image', { timeoutMs: deps.callTimeoutMs, signal }, () => deps.docker.getImage(image).inspect());
+    return { workdir: info.Config?.WorkingDir ?? '', user: info.Config?.User ?? '' };
+  } catch (err) {
+    if (dockerStatusOf(err) === 404) return undefined;
+    throw err;
+  }
+}
+
+/**
+ * The image of `task` on this engine, built first when it is a Harbor environment the engine lacks.
+ * `onBuildWait` is told when the episode starts waiting for a build (its status says so).
+ */
+export async function resolveTaskImage(
+  deps: TaskImageDeps,
+  task: TaskSpec,
+  archive: TaskArchive,
+  opts: { signal: AbortSignal; onBuildWait?: () => void },
+): Promise<TaskImage> {
+  const harbor = task.harbor;
+  if (harbor === undefined) return { image: task.image, source: 'image', config: { workdir: '', user: '' } };
+  if (harbor.dockerImage !== undefined) {
+    const config = await inspectConfig(deps, harbor.dockerImage, opts.signal);
+    if (config !== undefined) return { image: harbor.dockerImage, source: 'docker_image', config };
+  }
+  if (harbor.build === undefined) {
+    throw new FleetError('image_not_found', `image ${harbor.dockerImage ?? '(none)'} is not on the Docker engine and task ${task.id} has no environment/Dockerfile to build it from (there is no registry: load the image first)`);
+  }
+  const { digest, context } = await environmentDigest(archive);
+  const built = await ensureEnvironmentImage(
+    deps,
+    { context, digest, timeoutSec: harbor.build.timeoutSec, labels: { 'rollout-fleet.task': task.id } },
+    { signal: opts.signal, callTimeoutMs: deps.callTimeoutMs, ...(opts.onBuildWait && { onWait: () => opts.onBuildWait!() }) },
+  );
+  const config = await inspectConfig(deps, built.image, opts.signal);
+  if (config === undefined) throw new FleetError('docker_error', `the environment image ${built.image} vanished from the engine right after it was ready`);
+  return { image: built.image, source: 'built', digest, config, build: { built: built.built, readyMs: built.readyMs } };
+}
+
+/** The workdir of a task's commands: the task's, else (a Harbor task without one) the image's WORKDIR, else /. */
+export function effectiveWorkdir(task: TaskSpec, image: TaskImage): string {
+  if (task.harbor?.workdirFromImage) return image.config.workdir.startsWith('/') ? image.config.workdir : '/';
+  return task.workdir;
+}
