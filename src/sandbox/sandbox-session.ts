@@ -14,12 +14,15 @@ import { isImageReference, type Limits } from '../tasks/task-spec.ts';
 import { OutputCapture, type CapturedOutput } from './captured-output.ts';
 import { dockerCall, dockerError, dockerStatusOf } from './docker-client.ts';
 import { createDiskQuota, diskQuotaRefused } from './disk-quota.ts';
+import { forgetImage, imageOf } from './image-ids.ts';
 import { watchOomEvents, type OomWatch } from './oom-events.ts';
 import { pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
+import { removeContainer } from './remove-container.ts';
+import { SANDBOX_USER, SANDBOX_USER_SPEC } from './sandbox-user.ts';
 
-/** The user every process in the sandbox runs as; files copied in are owned by it. */
-export const SANDBOX_USER = { uid: 1000, gid: 1000 } as const;
-const SANDBOX_USER_SPEC = `${SANDBOX_USER.uid}:${SANDBOX_USER.gid}`;
+// Split by concern; the names importers know from this file are still exported from it.
+export { removeContainer } from './remove-container.ts';
+export { SANDBOX_USER } from './sandbox-user.ts';
 
 /**
  * The sweep, in builtins only (a fork would need a pid the agent may have used up): KILL every process
@@ -121,40 +124,6 @@ export interface ContainerState {
   /** The kernel OOM-killed the sandbox's init, which stopped the sandbox. */
   initOomKilled: boolean;
   exitCode: number | null;
-}
-
-/** How long an image's id is used without asking the engine again (a re-tagged image is seen after this). */
-const IMAGE_ID_TTL_MS = 60_000;
-const imageIds = new WeakMap<Docker, Map<string, { id: string; at: number }>>();
-
-/**
- * The image's id, asked of the engine once a minute per image, not per episode (one round trip less
- * on every set-up). A missing image is image_not_found: there is no registry to pull from.
- */
-async function imageOf(docker: Docker, image: string, call: { timeoutMs: number; signal?: AbortSignal | undefined }): Promise<{ Id: string }> {
-  let known = imageIds.get(docker);
-  if (known === undefined) imageIds.set(docker, (known = new Map()));
-  const hit = known.get(image);
-  if (hit !== undefined && Date.now() - hit.at < IMAGE_ID_TTL_MS) return { Id: hit.id };
-  // Image.inspect takes no abort signal (it would become a query parameter); the race bounds it.
-  const info = await dockerCall('inspect image', call, () => docker.getImage(image).inspect()).catch((err: unknown) => {
-    if (dockerStatusOf(err) === 404) {
-      throw new FleetError('image_not_found', `image ${image} not found on the Docker engine (there is no registry: build or import it first)`);
-    }
-    throw err;
-  });
-  known.set(image, { id: info.Id, at: Date.now() });
-  return info;
-}
-
-function forgetImage(docker: Docker, image: string): void {
-  imageIds.get(docker)?.delete(image);
-}
-
-/** 404 and 409 from a removal: the container is already gone or being removed. */
-function isGone(err: unknown): boolean {
-  const status = dockerStatusOf(err);
-  return status === 404 || status === 409;
 }
 
 export class SandboxSession {
@@ -528,17 +497,5 @@ export class SandboxSession {
     if (this.closed) return;
     await removeContainer(this.deps.docker, this.containerId, timeoutMs);
     this.closed = true;
-  }
-}
-
-/** Force-remove a container by id; 404 and 409 (already gone or being removed) count as removed. */
-export async function removeContainer(docker: Docker, containerId: string, timeoutMs: number): Promise<void> {
-  try {
-    await dockerCall('remove container', { timeoutMs }, (abortSignal) =>
-      docker.getContainer(containerId).remove({ force: true, v: true, abortSignal }),
-    );
-  } catch (err) {
-    if (isGone(err)) return;
-    throw err;
   }
 }
