@@ -2,7 +2,6 @@
 // verification and evidence, then closed once. Hardened by default: no network, no capabilities,
 // no privilege escalation, memory/CPU/pids/disk limits, a reaping init the sandbox user cannot
 // signal, every process the session starts run as a non-root user; every call has a deadline.
-import { randomBytes } from 'node:crypto';
 import { posix } from 'node:path';
 import { Writable, type Readable } from 'node:stream';
 import type Docker from 'dockerode';
@@ -10,17 +9,19 @@ import type { Logger } from 'pino';
 import { untilAborted } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { shellQuote } from '../files/shell-quote.ts';
-import { isImageReference, type Limits } from '../tasks/task-spec.ts';
+import { isImageReference } from '../tasks/task-spec.ts';
 import { OutputCapture, type CapturedOutput } from './captured-output.ts';
+import { containerName, hardenedCreateOptions, type SessionSpec } from './container-spec.ts';
 import { dockerCall, dockerError, dockerStatusOf } from './docker-client.ts';
 import { createDiskQuota, diskQuotaRefused } from './disk-quota.ts';
 import { forgetImage, imageOf } from './image-ids.ts';
 import { watchOomEvents, type OomWatch } from './oom-events.ts';
-import { pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
+import type { SandboxOwner } from './labels.ts';
 import { removeContainer } from './remove-container.ts';
 import { SANDBOX_USER, SANDBOX_USER_SPEC } from './sandbox-user.ts';
 
 // Split by concern; the names importers know from this file are still exported from it.
+export type { SessionSpec, VolumeMount } from './container-spec.ts';
 export { removeContainer } from './remove-container.ts';
 export { SANDBOX_USER } from './sandbox-user.ts';
 
@@ -63,28 +64,6 @@ const SWEEP_TIMEOUT_MS = 5_000;
 
 /** How long a TERM-ed process tree gets before KILL. */
 const KILL_GRACE_MS = 2_000;
-
-/** A named volume mounted read-only into the sandbox (e.g. the runtime generation at /opt/rollout-fleet). */
-export interface VolumeMount {
-  /** Name of an existing volume; Docker would create a missing one empty, so pass only prepared ones. */
-  volumeName: string;
-  /** Absolute path inside the sandbox. */
-  target: string;
-}
-
-export interface SessionSpec {
-  image: string;
-  workdir: string;
-  /** diskMb is optional: a session opened outside an episode (a probe, a test) need not cap its disk. */
-  limits: Omit<Limits, 'diskMb'> & Partial<Pick<Limits, 'diskMb'>>;
-  owner: SandboxOwner;
-  /** A warm sandbox of owner.workerId's pool: labelled as pooled, with no episode until one claims it. */
-  pooled?: boolean;
-  /** Volumes mounted read-only. @default [] */
-  mounts?: VolumeMount[];
-  /** Host folders bind-mounted read-only at the same path (the model proxy's socket folder). @default [] */
-  bindFolders?: string[];
-}
 
 export interface SessionDeps {
   docker: Docker;
@@ -158,44 +137,10 @@ export class SandboxSession {
     }
     const image = await imageOf(docker, spec.image, call);
 
-    const { limits, owner } = spec;
-    const memoryBytes = limits.memoryMb * 1024 * 1024;
-    const name = (spec.pooled ? `rf-pool-${owner.workerId}-${randomBytes(3).toString('hex')}` : `rf-${owner.episodeId}-a${owner.attempt}-${randomBytes(3).toString('hex')}`)
-      .replace(/[^A-Za-z0-9_.-]/g, '_');
+    const { limits } = spec;
+    const name = containerName(spec);
     const create = (storageOpt: Record<string, string> | undefined) => dockerCall('create container', call, (abortSignal) =>
-      docker.createContainer({
-        name,
-        Image: image.Id,
-        Cmd: ['sleep', '2147483647'],
-        // The container's own processes (the engine's init, which reaps orphans, and its sleep) run as
-        // root, without capabilities: the sandbox user cannot signal them, so no agent can stop its
-        // sandbox or leave zombies holding its pids. Everything the session starts runs as SANDBOX_USER.
-        User: '0:0',
-        WorkingDir: spec.workdir,
-        Env: ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'HOME=/tmp'],
-        Labels: spec.pooled ? pooledLabels(owner.fleet, owner.workerId) : sandboxLabels(owner),
-        NetworkDisabled: true,
-        HostConfig: {
-          NetworkMode: 'none',
-          CapDrop: ['ALL'],
-          SecurityOpt: ['no-new-privileges'],
-          Memory: memoryBytes,
-          MemorySwap: memoryBytes,
-          NanoCpus: Math.round(limits.cpus * 1e9),
-          PidsLimit: limits.pids,
-          Init: true,
-          ...(storageOpt && { StorageOpt: storageOpt }),
-          AutoRemove: false,
-          Mounts: [
-            ...(spec.mounts ?? []).map((m) => ({
-              Type: 'volume' as const, Source: m.volumeName, Target: m.target, ReadOnly: true, VolumeOptions: { NoCopy: true },
-            })),
-            // Same path inside and out: also right when the worker itself runs in a container.
-            ...(spec.bindFolders ?? []).map((folder) => ({ Type: 'bind' as const, Source: folder, Target: folder, ReadOnly: true })),
-          ],
-        },
-        abortSignal,
-      } as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }),
+      docker.createContainer({ ...hardenedCreateOptions(spec, image.Id, name, storageOpt), abortSignal } as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }),
     );
     // Asked of the engine with the first sandbox that has a disk limit; an engine that refuses is remembered.
     const quota = limits.diskMb === undefined ? undefined : createDiskQuota(docker, limits.diskMb);
