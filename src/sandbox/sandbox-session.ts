@@ -2,116 +2,34 @@
 // verification and evidence, then closed once. Hardened by default: no network, no capabilities,
 // no privilege escalation, memory/CPU/pids/disk limits, a reaping init the sandbox user cannot
 // signal, every process the session starts run as a non-root user; every call has a deadline.
-import { randomBytes } from 'node:crypto';
-import { posix } from 'node:path';
-import { Writable, type Readable } from 'node:stream';
+// The parts live beside it: the create options in container-spec.ts, processes in sandbox-exec.ts,
+// the sweep in sweep.ts, the image-id cache in image-ids.ts, removal in remove-container.ts.
+import type { Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
-import { untilAborted } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
-import { shellQuote } from '../files/shell-quote.ts';
-import { isImageReference, type Limits } from '../tasks/task-spec.ts';
-import { OutputCapture, type CapturedOutput } from './captured-output.ts';
-import { dockerCall, dockerError, dockerStatusOf } from './docker-client.ts';
+import { isImageReference } from '../tasks/task-spec.ts';
+import { containerName, hardenedCreateOptions, type SessionSpec } from './container-spec.ts';
+import { dockerCall, dockerStatusOf } from './docker-client.ts';
 import { createDiskQuota, diskQuotaRefused } from './disk-quota.ts';
+import { forgetImage, imageOf } from './image-ids.ts';
 import { watchOomEvents, type OomWatch } from './oom-events.ts';
-import { pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
+import type { SandboxOwner } from './labels.ts';
+import { removeContainer } from './remove-container.ts';
+import { execIn, startBackgroundIn, type ExecOptions, type ExecResult, type ExecTarget } from './sandbox-exec.ts';
+import { sweepIn } from './sweep.ts';
 
-/** The user every process in the sandbox runs as; files copied in are owned by it. */
-export const SANDBOX_USER = { uid: 1000, gid: 1000 } as const;
-const SANDBOX_USER_SPEC = `${SANDBOX_USER.uid}:${SANDBOX_USER.gid}`;
-
-/**
- * The sweep, in builtins only (a fork would need a pid the agent may have used up): KILL every process
- * the sandbox user may signal (kill -1 spares the caller), then count what is left of the user's that
- * is not a zombie; again while a fork bomb outruns a pass, at most 20 times. Exit 0 once none is left,
- * 3 when they kept coming. With `copy`, once none is left, the workspace as the agent left it goes to
- * stdout as a tar (entries named as getArchive names them), cut at `capBytes` + 1, and what tar could
- * not read to stderr (the sweep itself is quiet); then the sweep runs again, since `tar` and `head` are
- * found in PATH, which an image may let the sandbox user write to (test/integration/sandbox.test.ts).
- */
-function sweepScript(copy?: { dir: string; capBytes: number }): string {
-  const sweep = [
-    'i=0',
-    'while [ $i -lt 20 ]; do',
-    '  kill -KILL -1',
-    '  n=0',
-    '  for d in /proc/[0-9]*; do',
-    '    [ "${d#/proc/}" = "$$" ] && continue',
-    '    uid=; st=',
-    '    while read -r k v _; do case "$k" in State:) st=$v;; Uid:) uid=$v;; esac; done < "$d/status"',
-    `    [ "$uid" = "${SANDBOX_USER.uid}" ] && [ "$st" != "Z" ] && n=$((n+1))`,
-    '  done',
-    '  [ $n -eq 0 ] && break',
-    '  i=$((i+1))',
-    'done',
-    '[ $n -eq 0 ] || exit 3',
-  ];
-  // Quiet: a process that ends between the glob and its read is not an error.
-  const lines = ['exec 3>&2 2>/dev/null', ...sweep];
-  if (copy !== undefined) {
-    const { dir, base } = { dir: posix.dirname(copy.dir), base: posix.basename(copy.dir) };
-    lines.push(`{ tar -C ${shellQuote(dir)} -cf - ${shellQuote(base)} || echo 'tar failed' >&2; } 2>&3 | head -c ${copy.capBytes + 1}`, ...sweep);
-  }
-  lines.push('exit 0');
-  return lines.join('\n');
-}
-const SWEEP_TIMEOUT_MS = 5_000;
-
-/** How long a TERM-ed process tree gets before KILL. */
-const KILL_GRACE_MS = 2_000;
-
-/** A named volume mounted read-only into the sandbox (e.g. the runtime generation at /opt/rollout-fleet). */
-export interface VolumeMount {
-  /** Name of an existing volume; Docker would create a missing one empty, so pass only prepared ones. */
-  volumeName: string;
-  /** Absolute path inside the sandbox. */
-  target: string;
-}
-
-export interface SessionSpec {
-  image: string;
-  workdir: string;
-  /** diskMb is optional: a session opened outside an episode (a probe, a test) need not cap its disk. */
-  limits: Omit<Limits, 'diskMb'> & Partial<Pick<Limits, 'diskMb'>>;
-  owner: SandboxOwner;
-  /** A warm sandbox of owner.workerId's pool: labelled as pooled, with no episode until one claims it. */
-  pooled?: boolean;
-  /** Volumes mounted read-only. @default [] */
-  mounts?: VolumeMount[];
-  /** Host folders bind-mounted read-only at the same path (the model proxy's socket folder). @default [] */
-  bindFolders?: string[];
-}
+// Split by concern; the names importers know from this file are still exported from it.
+export type { SessionSpec, VolumeMount } from './container-spec.ts';
+export { removeContainer } from './remove-container.ts';
+export type { ExecOptions, ExecResult } from './sandbox-exec.ts';
+export { SANDBOX_USER } from './sandbox-user.ts';
 
 export interface SessionDeps {
   docker: Docker;
   log: Logger;
   /** Deadline of each Docker API call. */
   callTimeoutMs: number;
-}
-
-export interface ExecOptions {
-  /** The process tree is stopped (TERM, then KILL) after this long. */
-  timeoutMs: number;
-  /** Cap of each captured stream. */
-  capBytes: number;
-  workdir?: string;
-  env?: Record<string, string>;
-  signal?: AbortSignal;
-  /** Sees every stdout chunk as it arrives, before capping (an agent's event stream). */
-  onStdout?: (chunk: Buffer) => void;
-}
-
-export interface ExecResult {
-  /** null when the process was killed before it reported one. */
-  exitCode: number | null;
-  /** The timeout passed and the process tree was stopped. */
-  timedOut: boolean;
-  /** The caller's signal aborted (cancellation, drain) and the process tree was stopped. */
-  aborted: boolean;
-  stdout: CapturedOutput;
-  stderr: CapturedOutput;
-  durationMs: number;
 }
 
 export interface ContainerState {
@@ -121,40 +39,6 @@ export interface ContainerState {
   /** The kernel OOM-killed the sandbox's init, which stopped the sandbox. */
   initOomKilled: boolean;
   exitCode: number | null;
-}
-
-/** How long an image's id is used without asking the engine again (a re-tagged image is seen after this). */
-const IMAGE_ID_TTL_MS = 60_000;
-const imageIds = new WeakMap<Docker, Map<string, { id: string; at: number }>>();
-
-/**
- * The image's id, asked of the engine once a minute per image, not per episode (one round trip less
- * on every set-up). A missing image is image_not_found: there is no registry to pull from.
- */
-async function imageOf(docker: Docker, image: string, call: { timeoutMs: number; signal?: AbortSignal | undefined }): Promise<{ Id: string }> {
-  let known = imageIds.get(docker);
-  if (known === undefined) imageIds.set(docker, (known = new Map()));
-  const hit = known.get(image);
-  if (hit !== undefined && Date.now() - hit.at < IMAGE_ID_TTL_MS) return { Id: hit.id };
-  // Image.inspect takes no abort signal (it would become a query parameter); the race bounds it.
-  const info = await dockerCall('inspect image', call, () => docker.getImage(image).inspect()).catch((err: unknown) => {
-    if (dockerStatusOf(err) === 404) {
-      throw new FleetError('image_not_found', `image ${image} not found on the Docker engine (there is no registry: build or import it first)`);
-    }
-    throw err;
-  });
-  known.set(image, { id: info.Id, at: Date.now() });
-  return info;
-}
-
-function forgetImage(docker: Docker, image: string): void {
-  imageIds.get(docker)?.delete(image);
-}
-
-/** 404 and 409 from a removal: the container is already gone or being removed. */
-function isGone(err: unknown): boolean {
-  const status = dockerStatusOf(err);
-  return status === 404 || status === 409;
 }
 
 export class SandboxSession {
@@ -189,44 +73,10 @@ export class SandboxSession {
     }
     const image = await imageOf(docker, spec.image, call);
 
-    const { limits, owner } = spec;
-    const memoryBytes = limits.memoryMb * 1024 * 1024;
-    const name = (spec.pooled ? `rf-pool-${owner.workerId}-${randomBytes(3).toString('hex')}` : `rf-${owner.episodeId}-a${owner.attempt}-${randomBytes(3).toString('hex')}`)
-      .replace(/[^A-Za-z0-9_.-]/g, '_');
+    const { limits } = spec;
+    const name = containerName(spec);
     const create = (storageOpt: Record<string, string> | undefined) => dockerCall('create container', call, (abortSignal) =>
-      docker.createContainer({
-        name,
-        Image: image.Id,
-        Cmd: ['sleep', '2147483647'],
-        // The container's own processes (the engine's init, which reaps orphans, and its sleep) run as
-        // root, without capabilities: the sandbox user cannot signal them, so no agent can stop its
-        // sandbox or leave zombies holding its pids. Everything the session starts runs as SANDBOX_USER.
-        User: '0:0',
-        WorkingDir: spec.workdir,
-        Env: ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'HOME=/tmp'],
-        Labels: spec.pooled ? pooledLabels(owner.fleet, owner.workerId) : sandboxLabels(owner),
-        NetworkDisabled: true,
-        HostConfig: {
-          NetworkMode: 'none',
-          CapDrop: ['ALL'],
-          SecurityOpt: ['no-new-privileges'],
-          Memory: memoryBytes,
-          MemorySwap: memoryBytes,
-          NanoCpus: Math.round(limits.cpus * 1e9),
-          PidsLimit: limits.pids,
-          Init: true,
-          ...(storageOpt && { StorageOpt: storageOpt }),
-          AutoRemove: false,
-          Mounts: [
-            ...(spec.mounts ?? []).map((m) => ({
-              Type: 'volume' as const, Source: m.volumeName, Target: m.target, ReadOnly: true, VolumeOptions: { NoCopy: true },
-            })),
-            // Same path inside and out: also right when the worker itself runs in a container.
-            ...(spec.bindFolders ?? []).map((folder) => ({ Type: 'bind' as const, Source: folder, Target: folder, ReadOnly: true })),
-          ],
-        },
-        abortSignal,
-      } as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }),
+      docker.createContainer({ ...hardenedCreateOptions(spec, image.Id, name, storageOpt), abortSignal } as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }),
     );
     // Asked of the engine with the first sandbox that has a disk limit; an engine that refuses is remembered.
     const quota = limits.diskMb === undefined ? undefined : createDiskQuota(docker, limits.diskMb);
@@ -334,27 +184,7 @@ export class SandboxSession {
    * everything, or it came to more than `capBytes` (the caller then asks the engine).
    */
   async sweepProcesses(signal?: AbortSignal, copy?: { dir: string; capBytes: number }): Promise<{ swept: boolean; tar?: Buffer }> {
-    const chunks: Buffer[] = [];
-    let bytes = 0;
-    const usable = copy !== undefined && copy.dir.startsWith('/') && posix.basename(copy.dir) !== '';
-    try {
-      const run = await this.exec(sweepScript(usable ? copy : undefined), {
-        timeoutMs: SWEEP_TIMEOUT_MS,
-        capBytes: 1024,
-        workdir: '/',
-        ...(signal && { signal }),
-        onStdout: (chunk) => {
-          bytes += chunk.length;
-          if (bytes <= copy!.capBytes) chunks.push(chunk);
-        },
-      });
-      const swept = run.exitCode === 0;
-      const whole = usable && swept && !run.timedOut && run.stderr.totalBytes === 0 && bytes > 0 && bytes <= copy.capBytes;
-      return { swept, ...(whole && { tar: Buffer.concat(chunks) }) };
-    } catch (err) {
-      if (signal?.aborted) throw err;
-      return { swept: false };
-    }
+    return sweepIn(this.execTarget(), signal, copy);
   }
 
   /** Whether the kernel OOM-killed a process of the sandbox, from the engine's events; undefined when they are not watched. */
@@ -385,76 +215,7 @@ export class SandboxSession {
    * the command left behind included.
    */
   async exec(command: string, opts: ExecOptions): Promise<ExecResult> {
-    const started = performance.now();
-    const { exec, stream } = await this.startExec(command, opts);
-    const stdout = new OutputCapture(opts.capBytes);
-    const stderr = new OutputCapture(opts.capBytes);
-    const onStdout = opts.onStdout;
-    const stdoutSink = onStdout === undefined ? stdout.writable : new Writable({
-      write(chunk: Buffer, _enc, cb) {
-        onStdout(chunk);
-        stdout.writable.write(chunk, cb);
-      },
-    });
-    this.deps.docker.modem.demuxStream(stream, stdoutSink, stderr.writable);
-
-    const ended = new Promise<void>((resolve) => {
-      stream.once('end', resolve);
-      stream.once('close', resolve);
-      stream.once('error', () => resolve());
-    });
-    const timeout = AbortSignal.timeout(opts.timeoutMs);
-    const limit = opts.signal ? AbortSignal.any([timeout, opts.signal]) : timeout;
-    const stopped = new Promise<'stopped'>((resolve) => {
-      if (limit.aborted) resolve('stopped');
-      else limit.addEventListener('abort', () => resolve('stopped'), { once: true });
-    });
-    const first = await Promise.race([ended.then(() => 'ended' as const), stopped]);
-    const aborted = first === 'stopped' && opts.signal?.aborted === true;
-    const timedOut = first === 'stopped' && !aborted;
-    if (first === 'stopped') {
-      await this.stopProcesses(ended);
-      stream.destroy();
-    }
-    let exitCode: number | null = null;
-    try {
-      const info = await dockerCall('inspect exec', { timeoutMs: this.deps.callTimeoutMs }, (abortSignal) =>
-        exec.inspect({ abortSignal } as object) as Promise<Docker.ExecInspectInfo>,
-      );
-      exitCode = info.ExitCode ?? null;
-    } catch (err) {
-      if (first !== 'stopped') throw err;
-    }
-    return {
-      exitCode,
-      timedOut,
-      aborted,
-      stdout: stdout.result(),
-      stderr: stderr.result(),
-      durationMs: Math.round(performance.now() - started),
-    };
-  }
-
-  /** Create and start `sh -c command` as SANDBOX_USER, attached to its stdout and stderr. */
-  private async startExec(command: string, opts: { workdir?: string | undefined; env?: Record<string, string> | undefined; signal?: AbortSignal | undefined }) {
-    const call = { timeoutMs: this.deps.callTimeoutMs, signal: opts.signal };
-    const exec = await dockerCall('create exec', call, (abortSignal) =>
-      this.container.exec({
-        Cmd: ['sh', '-c', command],
-        AttachStdout: true,
-        AttachStderr: true,
-        AttachStdin: false,
-        Tty: false,
-        User: SANDBOX_USER_SPEC,
-        WorkingDir: opts.workdir ?? this.spec.workdir,
-        Env: Object.entries(opts.env ?? {}).map(([k, v]) => `${k}=${v}`),
-        abortSignal,
-      } as Docker.ExecCreateOptions & { abortSignal: AbortSignal }),
-    );
-    const stream = (await dockerCall('start exec', call, (abortSignal) =>
-      exec.start({ hijack: true, stdin: false, abortSignal } as Docker.ExecStartOptions),
-    )) as NodeJS.ReadWriteStream & Readable;
-    return { exec, stream };
+    return execIn(this.execTarget(), command, opts);
   }
 
   /**
@@ -464,62 +225,12 @@ export class SandboxSession {
    * processes. Rejects, with what it wrote on stderr, when it exits first or is not ready in `timeoutMs`.
    */
   async startBackground(command: string, opts: { timeoutMs: number; env?: Record<string, string>; signal?: AbortSignal }): Promise<void> {
-    const { stream } = await this.startExec(command, opts);
-    const stdout = new OutputCapture(1024);
-    const stderr = new OutputCapture(4096);
-    const ready = new Promise<boolean>((resolve) => {
-      const check = new Writable({
-        write(chunk: Buffer, _enc, cb) {
-          if (chunk.includes(0x0a)) resolve(true);
-          stdout.writable.write(chunk, cb);
-        },
-      });
-      this.deps.docker.modem.demuxStream(stream, check, stderr.writable);
-      stream.once('end', () => resolve(false));
-      stream.once('close', () => resolve(false));
-      stream.once('error', () => resolve(false));
-    });
-    const limit = AbortSignal.any([AbortSignal.timeout(opts.timeoutMs), ...(opts.signal ? [opts.signal] : [])]);
-    try {
-      const started = await untilAborted(ready, limit).catch(() => undefined);
-      if (started === true) return;
-      const why = started === false ? 'exited before it was ready' : `was not ready within ${opts.timeoutMs} ms`;
-      const said = stderr.result().text.trim();
-      throw new FleetError('runtime_unavailable', `background process ${why}${said !== '' ? `: ${said.slice(0, 500)}` : ''}`);
-    } finally {
-      // Detached from here: it keeps running, and the engine's copy of its output goes nowhere.
-      stream.destroy();
-    }
+    return startBackgroundIn(this.execTarget(), command, opts);
   }
 
-  /** TERM every process of the sandbox user, then KILL what is left after a grace period. */
-  private async stopProcesses(ended: Promise<void>): Promise<void> {
-    for (const sig of ['TERM', 'KILL'] as const) {
-      await this.signalAll(sig);
-      const grace = new Promise<'grace'>((resolve) => setTimeout(resolve, KILL_GRACE_MS, 'grace').unref());
-      if ((await Promise.race([ended.then(() => 'ended' as const), grace])) === 'ended') return;
-    }
-    this.deps.log.warn({ containerId: this.containerId }, 'process tree still attached after KILL');
-  }
-
-  private async signalAll(sig: 'TERM' | 'KILL', signal?: AbortSignal): Promise<void> {
-    const call = { timeoutMs: this.deps.callTimeoutMs, signal };
-    try {
-      const exec = await dockerCall('create kill exec', call, (abortSignal) =>
-        this.container.exec({ Cmd: ['kill', `-${sig}`, '-1'], User: SANDBOX_USER_SPEC, AttachStdout: true, AttachStderr: true, abortSignal } as never),
-      );
-      const stream = (await dockerCall('start kill exec', call, (abortSignal) =>
-        exec.start({ hijack: true, stdin: false, abortSignal } as Docker.ExecStartOptions),
-      )) as Readable;
-      stream.resume();
-      await new Promise<void>((resolve) => {
-        stream.once('end', resolve);
-        stream.once('close', resolve);
-        stream.once('error', () => resolve());
-      });
-    } catch (err) {
-      this.deps.log.warn({ containerId: this.containerId, err: dockerError('kill', err).message }, 'signalling the sandbox failed');
-    }
+  private execTarget(): ExecTarget {
+    const { docker, log, callTimeoutMs } = this.deps;
+    return { docker, log, callTimeoutMs, container: this.container, containerId: this.containerId, workdir: this.spec.workdir };
   }
 
   /** Remove the container (and its anonymous volumes). Idempotent: a container already gone counts as removed. */
@@ -528,17 +239,5 @@ export class SandboxSession {
     if (this.closed) return;
     await removeContainer(this.deps.docker, this.containerId, timeoutMs);
     this.closed = true;
-  }
-}
-
-/** Force-remove a container by id; 404 and 409 (already gone or being removed) count as removed. */
-export async function removeContainer(docker: Docker, containerId: string, timeoutMs: number): Promise<void> {
-  try {
-    await dockerCall('remove container', { timeoutMs }, (abortSignal) =>
-      docker.getContainer(containerId).remove({ force: true, v: true, abortSignal }),
-    );
-  } catch (err) {
-    if (isGone(err)) return;
-    throw err;
   }
 }

@@ -1,0 +1,84 @@
+// What a sandbox is made of: the spec a session is opened with and the hardened options the engine
+// creates its container from. No network, no capabilities, no privilege escalation, memory, CPU and
+// pids limits, an init the sandbox user cannot signal, mounts read-only.
+import { randomBytes } from 'node:crypto';
+import type Docker from 'dockerode';
+import type { Limits } from '../tasks/task-spec.ts';
+import { pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
+
+/** A named volume mounted read-only into the sandbox (e.g. the runtime generation at /opt/rollout-fleet). */
+export interface VolumeMount {
+  /** Name of an existing volume; Docker would create a missing one empty, so pass only prepared ones. */
+  volumeName: string;
+  /** Absolute path inside the sandbox. */
+  target: string;
+}
+
+export interface SessionSpec {
+  image: string;
+  workdir: string;
+  /** diskMb is optional: a session opened outside an episode (a probe, a test) need not cap its disk. */
+  limits: Omit<Limits, 'diskMb'> & Partial<Pick<Limits, 'diskMb'>>;
+  owner: SandboxOwner;
+  /** A warm sandbox of owner.workerId's pool: labelled as pooled, with no episode until one claims it. */
+  pooled?: boolean;
+  /** Volumes mounted read-only. @default [] */
+  mounts?: VolumeMount[];
+  /** Host folders bind-mounted read-only at the same path (the model proxy's socket folder). @default [] */
+  bindFolders?: string[];
+}
+
+/** A fresh container name: the pool's worker or the episode and attempt, and a random tail. */
+export function containerName(spec: SessionSpec): string {
+  const { owner } = spec;
+  return (spec.pooled ? `rf-pool-${owner.workerId}-${randomBytes(3).toString('hex')}` : `rf-${owner.episodeId}-a${owner.attempt}-${randomBytes(3).toString('hex')}`)
+    .replace(/[^A-Za-z0-9_.-]/g, '_');
+}
+
+/**
+ * The options the sandbox's container is created with, from image `imageId` (the id, so that a
+ * re-tag in the meantime cannot change what runs). `storageOpt` caps the writable layer when the
+ * engine supports it (see disk-quota.ts); undefined leaves it uncapped.
+ */
+export function hardenedCreateOptions(
+  spec: SessionSpec,
+  imageId: string,
+  name: string,
+  storageOpt: Record<string, string> | undefined,
+): Docker.ContainerCreateOptions {
+  const { limits, owner } = spec;
+  const memoryBytes = limits.memoryMb * 1024 * 1024;
+  return {
+    name,
+    Image: imageId,
+    Cmd: ['sleep', '2147483647'],
+    // The container's own processes (the engine's init, which reaps orphans, and its sleep) run as
+    // root, without capabilities: the sandbox user cannot signal them, so no agent can stop its
+    // sandbox or leave zombies holding its pids. Everything the session starts runs as SANDBOX_USER.
+    User: '0:0',
+    WorkingDir: spec.workdir,
+    Env: ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'HOME=/tmp'],
+    Labels: spec.pooled ? pooledLabels(owner.fleet, owner.workerId) : sandboxLabels(owner),
+    NetworkDisabled: true,
+    HostConfig: {
+      NetworkMode: 'none',
+      CapDrop: ['ALL'],
+      SecurityOpt: ['no-new-privileges'],
+      Memory: memoryBytes,
+      MemorySwap: memoryBytes,
+      NanoCpus: Math.round(limits.cpus * 1e9),
+      PidsLimit: limits.pids,
+      Init: true,
+      ...(storageOpt && { StorageOpt: storageOpt }),
+      AutoRemove: false,
+      Mounts: [
+        ...(spec.mounts ?? []).map((m) => ({
+          Type: 'volume' as const, Source: m.volumeName, Target: m.target, ReadOnly: true, VolumeOptions: { NoCopy: true },
+        })),
+        // Same path inside and out: also right when the worker itself runs in a container.
+        ...(spec.bindFolders ?? []).map((folder) => ({ Type: 'bind' as const, Source: folder, Target: folder, ReadOnly: true })),
+      ],
+    },
+    // dockerode's MountSettings asks for every volume option (Labels, DriverConfig); the engine takes the ones given.
+  } as Docker.ContainerCreateOptions;
+}
