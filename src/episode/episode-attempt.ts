@@ -101,8 +101,9 @@ export interface SetUpResult {
 
 /**
  * What close must see whatever phase threw, and results that arrive after their phase ended: one per
- * attempt, created by runEpisode, each part written by the one phase that opens it. The sandbox, its
- * container id (from the moment it exists), its run folder and whether it was pooled are the lease's.
+ * attempt, created by runEpisode; each part is written by the phase that makes it (or by runEpisode
+ * from what a phase returned). The sandbox, its container id (from the moment it exists), its run
+ * folder and whether it was pooled are the lease's.
  */
 export interface AttemptTrail {
   /** The one owner of the sandbox's end. */
