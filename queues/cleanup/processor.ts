@@ -1,5 +1,6 @@
 // Thin processor of the `cleanup` queue: `remove-sandbox` jobs remove one sandbox; the scheduled
-// `reap` job removes orphans of dead workers and ended episodes. Failures retry with backoff.
+// `reap` job removes orphans of dead workers and ended episodes. Failures retry with backoff. Both
+// remove with removeEnvironment, the removal an episode's environment lease does when it ends directly.
 import type { Job } from 'bullmq';
 import { DelayedError, UnrecoverableError } from 'bullmq';
 import type Docker from 'dockerode';
@@ -9,7 +10,7 @@ import { describeIssues } from '../../src/config/zod-issues.ts';
 import { removeStaleGenerations } from '../../src/runtime/remove-stale-generations.ts';
 import { sandboxClaimKey } from '../../src/redis/redis-keys.ts';
 import { engineId } from '../../src/sandbox/docker-client.ts';
-import { removeContainer } from '../../src/sandbox/sandbox-session.ts';
+import { removeEnvironment } from '../../src/sandbox/environment-lease.ts';
 import { CleanupJob, REAP_JOB, REMOVE_SANDBOX_JOB, type CleanupResult } from './contract.ts';
 
 export interface CleanupProcessorDeps extends ReapDeps {
@@ -73,7 +74,7 @@ export function cleanupProcessor(deps: CleanupProcessorDeps) {
       }
       throw new Error(why);
     }
-    await removeContainer(deps.docker, parsed.data.containerId, parsed.data.timeoutMs);
+    await removeEnvironment(deps.docker, parsed.data.containerId, parsed.data.timeoutMs);
     // A pooled sandbox's claim record is of no use once it is gone.
     await deps.redis.del(sandboxClaimKey(deps.prefix, parsed.data.containerId));
     return { removed: parsed.data.containerId };

@@ -1,6 +1,7 @@
 // The hand-over of a sandbox's removal to the cleanup queue, so a close never waits on a slow engine:
 // a remove-sandbox job named by episode and container (a second hand-over of the same one adds
-// nothing), tagged with the engine that runs it so a worker of that engine removes it.
+// nothing), tagged with the engine that runs it so a worker of that engine removes it. An episode's
+// environment lease (src/sandbox/environment-lease.ts) calls it when the episode closes.
 import type { Queue } from 'bullmq';
 import { engineId, type Docker } from '../sandbox/docker-client.ts';
 import { CleanupJob, REMOVE_SANDBOX_JOB, cleanupJobId, cleanupJobOptions } from './cleanup-job.ts';

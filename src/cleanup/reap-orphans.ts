@@ -1,7 +1,8 @@
 // The reaper: removes sandboxes of this fleet whose worker's lease expired (the worker died) or whose
 // episode already has a result, salvaging the workspace of orphans first when the engine still has it.
 // A dead worker's warm (pooled, unclaimed) sandboxes go too; a claimed one counts as its episode's.
-// Runs as a scheduled job on the cleanup queue, so any live worker reaps for the dead ones.
+// Runs as a scheduled job on the cleanup queue, so any live worker reaps for the dead ones. It removes
+// with removeEnvironment, as an episode's environment lease and the remove-sandbox job do.
 import type { Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Redis } from 'ioredis';
@@ -12,7 +13,7 @@ import { extractSafely, type ExtractLimits } from '../evidence/safe-extract.ts';
 import { leaseMissingKey, reapedCountKey, sandboxClaimKey } from '../redis/redis-keys.ts';
 import { dockerCall } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
-import { removeContainer } from '../sandbox/sandbox-session.ts';
+import { removeEnvironment } from '../sandbox/environment-lease.ts';
 import { liveWorkers } from './worker-lease.ts';
 import type { ResultsStore } from '../results/results-store.ts';
 import { untilAborted } from '../deadlines/deadline.ts';
@@ -75,7 +76,7 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
     if (!leaseExpired && !ended) continue;
     if (leaseExpired && episodeId !== '') report.salvaged += (await salvage(deps, c.Id, episodeId)) ? 1 : 0;
     try {
-      await removeContainer(docker, c.Id, deps.callTimeoutMs);
+      await removeEnvironment(docker, c.Id, deps.callTimeoutMs);
       if (claim !== undefined) await deps.redis.del(sandboxClaimKey(prefix, c.Id));
       report.removed.push({ containerId: c.Id, episodeId, reason: leaseExpired ? 'lease expired' : 'episode ended' });
       log.info({ containerId: c.Id, episodeId, reason: leaseExpired ? 'lease expired' : 'episode ended' }, 'sandbox reaped');

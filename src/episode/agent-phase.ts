@@ -2,13 +2,15 @@
 // episode deadline minus the set-up, verification and close reserves, minus the agent time earlier
 // attempts used). Each checkpoint it reports is read from the sandbox and offered to the writer in the
 // background: the agent never waits for it. An agent that writes past its disk limit is stopped.
+// Returns the agent's run; a run that does not come back that way (the agent crashed, passed its disk
+// limit, or finished after its phase ended) and the snapshots in flight are left in the trail for close.
 import { createAgent, type AgentRun } from '../agent/agent.ts';
 import type { AgentEvent } from '../agent/reference/agent-events.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { agentCeilingSec } from '../tasks/task-spec.ts';
 import { watchDisk } from '../sandbox/disk-watch.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
-import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
+import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 import type { AgentResume } from './resume-phase.ts';
 
 /**
@@ -19,11 +21,15 @@ import type { AgentResume } from './resume-phase.ts';
  */
 export const AGENT_STOP_GRACE_MS = 15_000;
 
+/** What the agent phase uses of the worker's clients and stores. */
+export type AgentDeps = Pick<EpisodeDeps, 'checkpoints' | 'log' | 'outputCapBytes'>;
+
 export async function runAgent(
   attempt: EpisodeAttempt,
-  deps: EpisodeDeps,
+  deps: AgentDeps,
+  made: Pick<SetUpResult, 'archive' | 'runtime' | 'proxy'>,
   session: SandboxSession,
-  state: AttemptState,
+  trail: Pick<AttemptTrail, 'snapshots' | 'agentRun' | 'timings'>,
   resume: AgentResume | undefined,
 ): Promise<AgentRun> {
   const { job } = attempt;
@@ -40,8 +46,8 @@ export async function runAgent(
     const handOver = session.getArchive(task.workdir, attempt.signal)
       .then((tar) => deps.checkpoints.sink.offer(offer, tar), () => deps.checkpoints.sink.offer(offer, undefined))
       .catch((err: unknown) => deps.log.warn({ seq: cp.seq, err: String(err) }, 'checkpoint dropped'));
-    state.snapshots.add(handOver);
-    void handOver.finally(() => state.snapshots.delete(handOver));
+    trail.snapshots.add(handOver);
+    void handOver.finally(() => trail.snapshots.delete(handOver));
   };
   // Where the engine cannot cap the sandbox's disk, the agent is watched and stopped past its limit:
   // the engine kills the sandbox at once (no pid needed inside), then the agent's signal aborts.
@@ -57,10 +63,10 @@ export async function runAgent(
   });
   try {
     const run = await deadline.runStoppable('running the agent', (phaseSignal) => createAgent(job.agent).run({
-      session, task, archive: state.archive!, ceilingMs, outputCapBytes: deps.outputCapBytes,
+      session, task, archive: made.archive, ceilingMs, outputCapBytes: deps.outputCapBytes,
       signal: AbortSignal.any([phaseSignal, diskStop.signal]),
-      runtimeMountPath: state.runtime!.mountPath,
-      ...(state.proxy && { modelSocket: state.proxy.socketPath }),
+      runtimeMountPath: made.runtime.mountPath,
+      ...(made.proxy && { modelSocket: made.proxy.socketPath }),
       ...(resume && { resume }),
       onEvent: (event) => {
         if (event.type !== 'checkpoint') return;
@@ -70,19 +76,19 @@ export async function runAgent(
     }).catch((err: unknown) => {
       // An agent that crashed still leaves its output as evidence.
       const crashed = (err as { agentRun?: AgentRun }).agentRun;
-      if (crashed) state.agentRun = crashed;
+      if (crashed) trail.agentRun = crashed;
       throw err;
     }),
     // Output that arrives after the phase's end is still kept as evidence, if close has not written it yet.
-    (late) => (state.agentRun ??= late));
+    (late) => (trail.agentRun ??= late));
     // The last poll may predate the agent's last writes: one more measurement before anything is graded.
     const overLimit = diskWatch && (diskWatch.exceeded ?? await deadline.run('measuring the sandbox\'s disk', (signal) => diskWatch.checkNow(signal))
       // A measurement the engine could not give does not cost the agent its grade.
       .catch(() => undefined));
     if (overLimit) {
       // Its output is still kept as evidence; the episode is the agent's failure, not a reward.
-      state.agentRun = run;
-      state.timings.agentMs = run.durationMs;
+      trail.agentRun = run;
+      trail.timings.agentMs = run.durationMs;
       throw overLimit;
     }
     return run;

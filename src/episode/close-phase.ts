@@ -1,9 +1,11 @@
 // Close, bounded by the close reserve in total, whatever Redis, the engine or the disk do: mark the
 // episode closing (a cancel from now on is refused), keep the evidence (outputs, container state,
-// workspace snapshot and diff), hand the sandbox to the cleanup queue. What close cannot finish in
-// time goes on in the background: the hand-over completes when Redis answers again, the sandbox is
-// also removed directly, and the cleanup queue and the reaper finish whatever is left.
-import { readFile, rm } from 'node:fs/promises';
+// workspace snapshot and diff), then ask the environment's lease to end it (hand-over to the cleanup
+// queue, else direct removal, then the run folder). It reads only the attempt's trail: what the phases
+// opened and left, however far they got. What close cannot finish in time goes on in the background:
+// the hand-over completes when Redis answers again, the sandbox is also removed directly, and the
+// cleanup queue and the reaper finish whatever is left.
+import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { Deadline, untilAborted } from '../deadlines/deadline.ts';
 import type { ExtractReport } from '../evidence/safe-extract.ts';
@@ -13,8 +15,10 @@ import type { ModelCallRecord } from '../model/call-evidence.ts';
 import { MODEL_CALLS_FILE } from '../model/model-proxy.ts';
 import { diffWorkspace } from '../evidence/workspace-diff.ts';
 import { keepWorkspace, workspaceFolder } from '../evidence/workspace-copy.ts';
-import { removeContainer } from '../sandbox/sandbox-session.ts';
-import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
+import type { AttemptTrail, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
+
+/** What close uses of the worker's clients and stores (the sandbox's end is its lease's). */
+export type CloseDeps = Pick<EpisodeDeps, 'control' | 'evidence' | 'log' | 'checkpoints' | 'publisher' | 'outputCapBytes' | 'snapshotLimits'>;
 
 export interface Closed {
   /** A cancel was flagged before close began: the episode ends cancelled. */
@@ -38,9 +42,10 @@ export function closeDeadline(attempt: EpisodeAttempt): Deadline {
 }
 
 /** Never throws; returns when done or when the close reserve (less the result's slice) is spent. */
-export async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, state: AttemptState, deadline: Deadline, alreadyStopped: boolean): Promise<Closed> {
+export async function closeEpisode(attempt: EpisodeAttempt, deps: CloseDeps, trail: AttemptTrail, deadline: Deadline, alreadyStopped: boolean): Promise<Closed> {
   const { job } = attempt;
   const { log } = deps;
+  const { lease } = trail;
   const budgetMs = deadline.budgetMs;
   const closed: Closed = { cancelled: false };
 
@@ -58,79 +63,63 @@ export async function closeEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps, s
   const collectSignal = deadline.within(evidenceMs, 'keeping evidence');
   // The engine's copy of the workspace stops being read in time to diff and write what it gave.
   const readSignal = deadline.within(evidenceMs - Math.min(AFTER_READ_MS, budgetMs / 5), 'reading the workspace');
-  const collecting = collectEvidence(attempt, deps, state, { signal: collectSignal, readSignal }, closed);
+  const collecting = collectEvidence(attempt, deps, trail, { signal: collectSignal, readSignal }, closed);
   await untilAborted(collecting, collectSignal).catch((err: unknown) => {
     if (collectSignal.aborted) log.warn({ budgetMs }, 'evidence collection passed its share of the close reserve; kept what it had');
     else log.warn({ err: String(err) }, 'collecting evidence failed');
   });
   // The OOM state is read (or its time is up): the engine's event stream for this sandbox is closed.
-  state.session?.stopWatching();
-
-  if (state.containerId !== undefined) {
-    const id = state.containerId;
-    const handOver = deps.scheduleCleanup(job.episodeId, id);
-    const handed = await untilAborted(handOver, deadline.within(deadline.remainingMs - RESULT_WRITE_MS, 'handing the sandbox over'))
-      .then(() => true, () => false);
-    if (!handed) {
-      // Not waited for: the hand-over goes on (Redis may come back), and the sandbox is removed directly
-      // meanwhile; the cleanup job then finds it gone, and the reaper finds by its labels what both missed.
-      log.warn({ containerId: id }, 'cleanup queue did not take the sandbox in time; removing it directly');
-      void handOver.catch((err: unknown) => log.warn({ containerId: id, err: String(err) }, 'cleanup hand-over failed'));
-      void removeContainer(deps.docker, id, deps.callTimeoutMs).catch((err: unknown) =>
-        log.error({ containerId: id, err: String(err) }, 'sandbox not removed; the reaper will find it by its labels'));
-    }
-  }
-  // Last: the engine resolves the sandbox's bind mounts for every archive call, so the proxy's
-  // (now empty) folder stays until nothing more is read from the sandbox. Not waited for.
-  const runFolder = state.runFolder ?? (state.proxy && path.dirname(state.proxy.socketPath));
-  if (runFolder !== undefined) void rm(runFolder, { recursive: true, force: true }).catch(() => undefined);
+  lease.stopWatching();
+  await lease.end(deadline.within(deadline.remainingMs - RESULT_WRITE_MS, 'handing the sandbox over'));
   return closed;
 }
 
 async function collectEvidence(
   attempt: EpisodeAttempt,
-  deps: EpisodeDeps,
-  state: AttemptState,
+  deps: CloseDeps,
+  trail: AttemptTrail,
   { signal, readSignal }: { signal: AbortSignal; readSignal: AbortSignal },
   closed: Closed,
 ): Promise<void> {
   const { job } = attempt;
   const { task } = job;
   const { evidence, log } = deps;
-  await state.proxy?.close().catch((err: unknown) => log.warn({ err: String(err) }, 'closing the model proxy failed'));
+  const { proxy, archive } = trail.setUp;
+  const { session } = trail.lease;
+  await proxy?.close().catch((err: unknown) => log.warn({ err: String(err) }, 'closing the model proxy failed'));
   // The proxy's evidence is complete once it is closed: the trajectory is read from it.
-  const trajectory = state.proxy && writeTrajectory(attempt, deps).catch((err: unknown) => log.warn({ err: String(err) }, 'trajectory not written'));
+  const trajectory = proxy && writeTrajectory(attempt, deps).catch((err: unknown) => log.warn({ err: String(err) }, 'trajectory not written'));
   // Checkpoints still being handed over read the sandbox's workspace: let them finish first.
-  await Promise.all([...state.snapshots]);
+  await Promise.all([...trail.snapshots]);
   await deps.checkpoints.sink.flush(job.episodeId, signal).catch((err: unknown) => log.warn({ err: String(err) }, 'checkpoint hand-over unfinished at close'));
   await Promise.all([
     trajectory,
-    state.agentRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'agent', state.agentRun),
-    state.verifyRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'verifier', state.verifyRun),
+    trail.agentRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'agent', trail.agentRun),
+    trail.verifyRun && evidence.writeOutput(job.episodeId, attempt.attempt, 'verifier', trail.verifyRun),
   ]);
-  if (state.session === undefined) return publish(attempt, deps, signal);
+  if (session === undefined) return publish(attempt, deps, signal);
   // The engine's events count every OOM kill in the sandbox: no inspect needed unless they are not watched.
-  closed.oomKilled = state.session.oomKilledSoFar() ?? await state.session.state(signal).then((s) => s.oomKilled, () => undefined);
+  closed.oomKilled = session.oomKilledSoFar() ?? await session.state(signal).then((s) => s.oomKilled, () => undefined);
   // The sweep's copy when it took one (kept while the verifier ran); else the engine's, now (after the
   // verifier, when it ran).
-  const early = state.workspaceCopy && await untilAborted(state.workspaceCopy, signal);
+  const early = trail.workspaceCopy && await untilAborted(trail.workspaceCopy, signal);
   const takenAt = early ? 'agent-stopped' : 'close';
   let extraction: ExtractReport;
   if (early) {
     extraction = early;
   } else {
-    const tar = await state.session.getArchive(task.workdir, signal);
+    const tar = await session.getArchive(task.workdir, signal);
     signal.addEventListener('abort', () => tar.destroy(), { once: true });
     extraction = await keepWorkspace(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, tar, readSignal);
   }
   const snapshotDir = workspaceFolder(deps, { episodeId: job.episodeId, attempt: attempt.attempt });
-  const changes = await diffWorkspace(state.archive?.files('workspace') ?? new Map(), snapshotDir, extraction, deps.snapshotLimits.maxFileBytes);
+  const changes = await diffWorkspace(archive?.files('workspace') ?? new Map(), snapshotDir, extraction, deps.snapshotLimits.maxFileBytes);
   await Promise.all([
     evidence.writeText(job.episodeId, attempt.attempt, 'workspace.diff', changes.diff),
     evidence.writeJson(job.episodeId, attempt.attempt, 'evidence', {
       outputCapBytes: deps.outputCapBytes,
-      agent: state.agentRun && { stdout: capInfo(state.agentRun.stdout), stderr: capInfo(state.agentRun.stderr) },
-      verifier: state.verifyRun && { stdout: capInfo(state.verifyRun.stdout), stderr: capInfo(state.verifyRun.stderr) },
+      agent: trail.agentRun && { stdout: capInfo(trail.agentRun.stdout), stderr: capInfo(trail.agentRun.stderr) },
+      verifier: trail.verifyRun && { stdout: capInfo(trail.verifyRun.stdout), stderr: capInfo(trail.verifyRun.stderr) },
       workspace: { takenAt, added: changes.added, removed: changes.removed, modified: changes.modified, extraction: { ...extraction, files: extraction.files.length } },
       oomKilled: closed.oomKilled,
     }),
@@ -139,12 +128,12 @@ async function collectEvidence(
 }
 
 /** The attempt's evidence into the artifact store, in what is left of its slice; else it waits in the outbox. */
-async function publish(attempt: EpisodeAttempt, deps: EpisodeDeps, signal: AbortSignal): Promise<void> {
+async function publish(attempt: EpisodeAttempt, deps: Pick<CloseDeps, 'publisher' | 'evidence' | 'log'>, signal: AbortSignal): Promise<void> {
   await deps.publisher.publishPath(deps.evidence.folder(attempt.job.episodeId, attempt.attempt), signal).catch((err: unknown) =>
     deps.log.warn({ err: String(err) }, 'evidence not yet in the artifact store; the outbox keeps it for later'));
 }
 
-async function writeTrajectory(attempt: EpisodeAttempt, deps: EpisodeDeps): Promise<void> {
+async function writeTrajectory(attempt: EpisodeAttempt, deps: Pick<CloseDeps, 'evidence'>): Promise<void> {
   const { job } = attempt;
   const folder = deps.evidence.folder(job.episodeId, attempt.attempt);
   const text = await readFile(path.join(folder, MODEL_CALLS_FILE), 'utf8').catch(() => '');

@@ -1,5 +1,5 @@
-// What one episode attempt is given (its job, its signal, the worker's clients and stores) and what
-// its phases leave behind for the next phase and for close.
+// What one episode attempt is given (its job, its signal, the worker's clients and stores), what its
+// phases return to the next one (set-up's makings, a grade), and the trail close reads whatever threw.
 import type Docker from 'dockerode';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
@@ -20,6 +20,7 @@ import type { RuntimeGeneration } from '../runtime/prepare-runtime.ts';
 import type { SandboxPool } from '../sandbox/sandbox-pool.ts';
 import type { ExecResult, SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
+import type { EnvironmentLease } from '../sandbox/environment-lease.ts';
 import type { EpisodeControl } from './episode-control.ts';
 
 export interface EpisodeDeps {
@@ -87,26 +88,39 @@ export interface EpisodeOutcome {
   error?: FleetError;
 }
 
-/** What the phases of one attempt opened and measured; close reads it to keep evidence and clean up. */
-export interface AttemptState {
+/** What set-up made: the sandbox's session (its lease ends it), and what the later phases use. */
+export interface SetUpResult {
+  archive: TaskArchive;
+  runtime: RuntimeGeneration;
+  session: SandboxSession;
+  /** The episode's model proxy, when its agent uses a model. */
+  proxy: ModelProxy | undefined;
+  /** The image the sandbox runs, as the engine named it (provenance). */
+  imageId: string | undefined;
+}
+
+/**
+ * What close must see whatever phase threw, and results that arrive after their phase ended: one per
+ * attempt, created by runEpisode; each part is written by the phase that makes it (or by runEpisode
+ * from what a phase returned). The sandbox, its container id (from the moment it exists), its run
+ * folder and whether it was pooled are the lease's.
+ */
+export interface AttemptTrail {
+  /** The one owner of the sandbox's end. */
+  lease: EnvironmentLease;
+  /** Set-up's makings as each exists, so close closes the proxy and diffs against the archive even after a failed set-up. */
+  setUp: Partial<Omit<SetUpResult, 'session'>>;
   /** Checkpoint snapshots still being read from the sandbox; close waits for them. */
   snapshots: Set<Promise<void>>;
-  /** The checkpoint this attempt resumed from. */
-  resumedFrom?: number;
-  archive?: TaskArchive;
-  runtime?: RuntimeGeneration;
-  proxy?: ModelProxy;
-  containerId?: string;
-  session?: SandboxSession;
-  /** The sandbox was a warm one claimed from the worker's pool. */
-  pooled?: boolean;
-  /** The host folder bind-mounted into the sandbox (the model proxy's socket is there); close removes it. */
-  runFolder?: string;
-  agentRun?: AgentRun;
-  verifyRun?: ExecResult;
+  /** The agent's run: returned, or left by a crashed or over-limit agent, or arrived after its phase ended. */
+  agentRun: AgentRun | undefined;
+  /** The verifier's run: returned, or arrived after the verification reserve. */
+  verifyRun: ExecResult | undefined;
   /** The workspace as the agent left it, copied by the sweep that stopped its processes, being kept as evidence. */
-  workspaceCopy?: Promise<ExtractReport | undefined>;
-  imageId?: string;
+  workspaceCopy: Promise<ExtractReport | undefined> | undefined;
+  /** The checkpoint this attempt resumed from. */
+  resumedFrom: number | undefined;
+  /** Each phase's time, as far as the attempt got. */
   timings: EpisodeResult['timings'];
 }
 

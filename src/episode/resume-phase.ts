@@ -1,13 +1,24 @@
 // Resume: a retried llm episode continues from its latest durable checkpoint whose workspace was
-// captured, restored into the sandbox before the agent starts. Runs under the set-up deadline.
+// captured, restored into the sandbox before the agent starts. Runs under the set-up deadline and
+// returns what the agent resumes with and which checkpoint that was.
 import path from 'node:path';
 import type { AgentInput } from '../agent/reference/agent-input.ts';
 import type { StoredCheckpoint } from '../checkpoints/checkpoint-storage.ts';
 import { untilAborted, type Deadline } from '../deadlines/deadline.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
-import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
+import type { EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
 
 export type AgentResume = NonNullable<AgentInput['resume']>;
+
+/** The checkpoint restored, and what the agent resumes with. */
+export interface Resumed {
+  /** The checkpoint's sequence number (the result's resumedFrom). */
+  seq: number;
+  agent: AgentResume;
+}
+
+/** What resume uses of the worker's clients and stores. */
+export type ResumeDeps = Pick<EpisodeDeps, 'checkpoints' | 'log'>;
 
 /**
  * The newest durable checkpoint whose workspace was captured, restored into the sandbox; undefined
@@ -15,11 +26,10 @@ export type AgentResume = NonNullable<AgentInput['resume']>;
  */
 export async function resumePoint(
   attempt: EpisodeAttempt,
-  deps: EpisodeDeps,
+  deps: ResumeDeps,
   session: SandboxSession,
-  state: AttemptState,
   deadline: Deadline,
-): Promise<AgentResume | undefined> {
+): Promise<Resumed | undefined> {
   const { job } = attempt;
   // A first attempt has no checkpoints to find: no store call on its critical path.
   if (attempt.attempt === 1) return undefined;
@@ -40,13 +50,12 @@ export async function resumePoint(
   const tar = stored.workspaceTar;
   // The tar holds the workdir under its base name (what getArchive gave): unpack it in the parent.
   await deadline.run('restoring the checkpoint workspace', (signal) => session.putArchive(tar.open(), path.posix.dirname(job.task.workdir), signal));
-  state.resumedFrom = checkpoint.seq;
   deps.log.info({ seq: checkpoint.seq, turn: checkpoint.turn, agentMs: checkpoint.agentMs }, 'resuming from checkpoint');
-  return { turn: checkpoint.turn, messages: checkpoint.messages, usage: checkpoint.usage, agentMs: checkpoint.agentMs };
+  return { seq: checkpoint.seq, agent: { turn: checkpoint.turn, messages: checkpoint.messages, usage: checkpoint.usage, agentMs: checkpoint.agentMs } };
 }
 
 /** The newest durable checkpoint of the episode whose workspace was captured, or undefined. */
-async function newestWithWorkspace(episodeId: string, deps: EpisodeDeps): Promise<StoredCheckpoint | undefined> {
+async function newestWithWorkspace(episodeId: string, deps: ResumeDeps): Promise<StoredCheckpoint | undefined> {
   const { store } = deps.checkpoints;
   const seqs = (await store.seqs(episodeId)).sort((a, b) => b - a);
   for (const seq of seqs) {

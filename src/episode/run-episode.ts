@@ -1,5 +1,7 @@
 // One episode attempt, start to finish, phase by phase: set-up (and resume), agent, verification,
 // then close, each under its own deadline. Every failure becomes a result with a kind, or a retry.
+// Each phase gets only the dependencies it uses and hands its result to the next; the attempt's trail
+// (with the lease on its environment) is what close and the result read, however far the phases got.
 import type { EpisodeResult } from './episode-job.ts';
 import type { AgentRun } from '../agent/agent.ts';
 import { stopOf } from '../errors/episode-stop.ts';
@@ -7,7 +9,8 @@ import { toFleetError } from '../errors/fleet-error.ts';
 import type { ExecResult } from '../sandbox/sandbox-session.ts';
 import { runAgent } from './agent-phase.ts';
 import { closeDeadline, closeEpisode } from './close-phase.ts';
-import { msSince, type AttemptState, type EpisodeAttempt, type EpisodeDeps, type EpisodeOutcome, type Graded } from './episode-attempt.ts';
+import { EnvironmentLease } from '../sandbox/environment-lease.ts';
+import { msSince, type AttemptTrail, type EpisodeAttempt, type EpisodeDeps, type EpisodeOutcome, type Graded } from './episode-attempt.ts';
 import { resumePoint } from './resume-phase.ts';
 import { setUp } from './set-up-phase.ts';
 import { verify } from './verify-phase.ts';
@@ -19,11 +22,14 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
   const phaseDeps: EpisodeDeps = { ...deps, log };
   const startedAt = new Date();
   const t0 = performance.now();
-  const state: AttemptState = { snapshots: new Set(), timings: { totalMs: 0 } };
+  const lease = new EnvironmentLease({ docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs, scheduleCleanup: deps.scheduleCleanup }, job.episodeId);
+  const trail: AttemptTrail = {
+    lease, setUp: {}, snapshots: new Set(), agentRun: undefined, verifyRun: undefined, workspaceCopy: undefined, resumedFrom: undefined, timings: { totalMs: 0 },
+  };
 
   let graded: Graded;
   try {
-    graded = await setUpRunVerify(attempt, phaseDeps, state);
+    graded = await setUpRunVerify(attempt, phaseDeps, trail);
   } catch (err) {
     const stop = stopOf(attempt.signal);
     if (stop) {
@@ -39,11 +45,11 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
   attempt.onPhase?.('close');
   const deadline = closeDeadline(attempt);
   try {
-    const closed = await closeEpisode(attempt, phaseDeps, state, deadline, graded.stop !== undefined);
+    const closed = await closeEpisode(attempt, phaseDeps, trail, deadline, graded.stop !== undefined);
     if (closed.cancelled) graded = { status: 'cancelled', reward: null, stop: 'cancelled' };
-    state.timings.closeMs = msSince(tClose);
-    state.timings.totalMs = msSince(t0);
-    const result = assembleResult(attempt, deps.workerId, state, graded, closed.oomKilled, startedAt);
+    trail.timings.closeMs = msSince(tClose);
+    trail.timings.totalMs = msSince(t0);
+    const result = assembleResult(attempt, deps.workerId, trail, graded, closed.oomKilled, startedAt);
     await deadline.run('writing the result', () => deps.evidence.writeJson(job.episodeId, attempt.attempt, 'result', result))
       .catch((err: unknown) => log.warn({ err: String(err) }, 'result evidence not written'));
     const { error } = graded;
@@ -54,25 +60,27 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
 }
 
 /** Set-up, agent, verification. Throws on failure; the signal's EpisodeStop when stopped from outside. */
-async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state: AttemptState): Promise<Graded> {
+async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, trail: AttemptTrail): Promise<Graded> {
   const { job, signal } = attempt;
-  const { timings } = state;
+  const { timings } = trail;
 
-  let session;
-  let resume;
+  let made;
+  let resumed;
   try {
-    session = await setUp(attempt, deps, state, attempt.setUp);
+    made = await setUp(attempt, deps, trail, attempt.setUp);
     // A retried llm episode continues from its latest durable checkpoint, workspace included.
-    resume = job.agent.kind === 'llm' ? await resumePoint(attempt, deps, session, state, attempt.setUp) : undefined;
+    resumed = job.agent.kind === 'llm' ? await resumePoint(attempt, deps, made.session, attempt.setUp) : undefined;
+    if (resumed) trail.resumedFrom = resumed.seq;
   } finally {
     // From pick-up: the processor's Redis steps count against the reserve too.
     timings.setupMs = attempt.setUp.elapsedMs;
   }
-  deps.log.info({ containerId: state.containerId, setupMs: timings.setupMs, runtime: state.runtime?.generationId.slice(0, 12), warm: state.runtime?.warm }, 'sandbox ready');
+  const { session, runtime } = made;
+  deps.log.info({ containerId: session.containerId, setupMs: timings.setupMs, runtime: runtime.generationId.slice(0, 12), warm: runtime.warm }, 'sandbox ready');
 
   attempt.onPhase?.('agent');
-  const agentRun = await runAgent(attempt, deps, session, state, resume);
-  state.agentRun = agentRun;
+  const agentRun = await runAgent(attempt, deps, made, session, trail, resumed?.agent);
+  trail.agentRun = agentRun;
   timings.agentMs = agentRun.durationMs;
   deps.log.info({ exitCode: agentRun.exitCode, timedOut: agentRun.timedOut, agentMs: agentRun.durationMs }, 'agent stopped');
   signal.throwIfAborted();
@@ -80,7 +88,7 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
   const tVerify = performance.now();
   attempt.onPhase?.('verify');
   try {
-    return await verify(attempt, deps, session, state, agentRun);
+    return await verify(attempt, deps, made, session, trail, agentRun);
   } finally {
     timings.verifyMs = msSince(tVerify);
   }
@@ -88,7 +96,17 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, state:
 
 const summary = (run: AgentRun | ExecResult) => ({ exitCode: run.exitCode, timedOut: run.timedOut, durationMs: run.durationMs });
 
-function assembleResult(attempt: EpisodeAttempt, workerId: string, state: AttemptState, graded: Graded, oomKilled: boolean | undefined, startedAt: Date): EpisodeResult {
+function assembleResult(
+  attempt: EpisodeAttempt,
+  workerId: string,
+  trail: AttemptTrail,
+  graded: Graded,
+  oomKilled: boolean | undefined,
+  startedAt: Date,
+): EpisodeResult {
+  const { lease } = trail;
+  const { runtime, imageId } = trail.setUp;
+  const { agentRun, verifyRun, resumedFrom } = trail;
   const { job } = attempt;
   const { error } = graded;
   return {
@@ -101,14 +119,14 @@ function assembleResult(attempt: EpisodeAttempt, workerId: string, state: Attemp
     reward: graded.reward,
     attempts: attempt.attempt,
     workerId,
-    timings: state.timings,
-    provenance: { taskDigest: job.taskDigest, image: job.task.image, ...(state.imageId && { imageId: state.imageId }), agent: job.agent },
-    ...(state.runtime && { runtime: { generationId: state.runtime.generationId, warm: state.runtime.warm, prepareMs: state.runtime.prepareMs } }),
-    ...(state.containerId !== undefined && { sandbox: { containerId: state.containerId, pooled: state.pooled === true } }),
-    ...(state.agentRun && { agent: summary(state.agentRun) }),
-    ...(state.agentRun?.usage && { usage: state.agentRun.usage }),
-    ...(state.resumedFrom !== undefined && { resumedFrom: state.resumedFrom }),
-    ...(state.verifyRun && { verifier: summary(state.verifyRun) }),
+    timings: trail.timings,
+    provenance: { taskDigest: job.taskDigest, image: job.task.image, ...(imageId && { imageId }), agent: job.agent },
+    ...(runtime && { runtime: { generationId: runtime.generationId, warm: runtime.warm, prepareMs: runtime.prepareMs } }),
+    ...(lease.containerId !== undefined && { sandbox: { containerId: lease.containerId, pooled: lease.pooled } }),
+    ...(agentRun && { agent: summary(agentRun) }),
+    ...(agentRun?.usage && { usage: agentRun.usage }),
+    ...(resumedFrom !== undefined && { resumedFrom }),
+    ...(verifyRun && { verifier: summary(verifyRun) }),
     ...(oomKilled !== undefined && { oomKilled }),
     startedAt: startedAt.toISOString(),
     endedAt: new Date().toISOString(),

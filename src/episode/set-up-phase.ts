@@ -2,25 +2,38 @@
 // pool (or, when none is ready, create the episode's own), start the model proxy (agents that need a
 // model), and copy the workspace into the episode's ONE sandbox session. Every step runs
 // under the set-up deadline, so a stalled Redis, engine or file system ends the phase at its reserve.
+// Returns what it made; each part is also left in the attempt's trail (the sandbox's in its lease) as
+// soon as it exists, so close ends it even when set-up goes no further.
 import { createHash } from 'node:crypto';
 import { rm } from 'node:fs/promises';
 import path from 'node:path';
 import type { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { MODEL_CALLS_FILE, modelSocketPath, startModelProxy, type ModelProxy } from '../model/model-proxy.ts';
-import { SANDBOX_USER, SandboxSession, removeContainer } from '../sandbox/sandbox-session.ts';
+import { removeEnvironment } from '../sandbox/environment-lease.ts';
+import { SANDBOX_USER, SandboxSession } from '../sandbox/sandbox-session.ts';
 import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
-import type { AttemptState, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
+import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 
-export async function setUp(attempt: EpisodeAttempt, deps: EpisodeDeps, state: AttemptState, deadline: Deadline): Promise<SandboxSession> {
+/** What set-up uses of the worker's clients and stores. */
+export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool'>;
+
+export async function setUp(
+  attempt: EpisodeAttempt,
+  deps: SetUpDeps,
+  trail: Pick<AttemptTrail, 'lease' | 'setUp'>,
+  deadline: Deadline,
+): Promise<SetUpResult> {
   const { job } = attempt;
   const { task } = job;
   const log = deps.log;
+  const { lease } = trail;
+  const made = trail.setUp;
   const archive = await deadline.run('fetching the task archive from Redis', () => getTaskArchive(deps.redis, deps.prefix, job.taskDigest));
-  state.archive = archive;
+  made.archive = archive;
   const runtime = await deadline.run('preparing the runtime generation', (signal) => deps.prepareRuntime(signal));
-  state.runtime = runtime;
+  made.runtime = runtime;
   const owner = { fleet: deps.prefix, episodeId: job.episodeId, batchId: job.batchId, workerId: deps.workerId, attempt: attempt.attempt };
   const poolSpec = { image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount] };
   // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
@@ -29,57 +42,53 @@ export async function setUp(attempt: EpisodeAttempt, deps: EpisodeDeps, state: A
     ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal), (late) => {
       if (late === undefined) return;
       late.refill();
-      void removeContainer(deps.docker, late.session.containerId, deps.callTimeoutMs).catch(() => undefined);
+      void removeEnvironment(deps.docker, late.session.containerId, deps.callTimeoutMs).catch(() => undefined);
     })
     : undefined;
   // The pool refills once this set-up is done with the engine (or failed).
   try {
-    if (claimed !== undefined) {
-      state.containerId = claimed.session.containerId;
-      state.session = claimed.session;
-      state.runFolder = claimed.folder;
-      state.pooled = true;
-    }
+    if (claimed !== undefined) lease.attach(claimed.session, { folder: claimed.folder });
+    let proxy: ModelProxy | undefined;
     if (agentUsesModel(job.agent, deps.model !== undefined)) {
       // In a claimed sandbox, the socket goes into the folder it was created with (a bind mount cannot be added).
       const socketPath = claimed ? path.join(claimed.folder, 'model.sock') : episodeSocketPath(attempt, deps);
-      state.runFolder ??= path.dirname(socketPath);
+      lease.useFolder(path.dirname(socketPath));
       // A proxy that starts after the deadline is closed at once: nothing would ever close it otherwise.
-      state.proxy = await deadline.run('starting the model proxy', () => startEpisodeProxy(attempt, deps, socketPath), (late) => {
+      proxy = await deadline.run('starting the model proxy', () => startEpisodeProxy(attempt, deps, socketPath), (late) => {
         late.close()
           .then(() => rm(path.dirname(late.socketPath), { recursive: true, force: true }))
           .catch((err: unknown) => log.warn({ err: String(err) }, 'closing a model proxy that started too late failed'));
       });
+      made.proxy = proxy;
     }
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
-      { ...poolSpec, owner, bindFolders: state.proxy ? [path.dirname(state.proxy.socketPath)] : [] },
+      { ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [] },
       // Registered as soon as the container exists, so close removes it even if set-up goes no further.
-      (id) => {
-        state.containerId = id;
-      },
+      (id) => lease.registerContainer(id),
       signal,
     // A session that opens after the deadline is nobody's: stop its event stream (close removes the container by id).
     ), (late) => late.stopWatching());
-    state.session = session;
-    state.imageId = session.imageId;
+    if (claimed === undefined) lease.attach(session);
+    const { imageId } = session;
+    made.imageId = imageId;
     const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
     await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
-    return session;
+    return { archive, runtime, session, proxy, imageId };
   } finally {
     claimed?.refill();
   }
 }
 
 /** Where the proxy's socket goes when the sandbox is the episode's own: a short folder of the attempt. */
-function episodeSocketPath(attempt: EpisodeAttempt, deps: EpisodeDeps): string {
+function episodeSocketPath(attempt: EpisodeAttempt, deps: Pick<SetUpDeps, 'dataDir'>): string {
   // A short folder name: a Unix socket path must stay under 108 bytes.
   const folderId = createHash('sha256').update(`${attempt.job.episodeId}/${attempt.attempt}`).digest('hex').slice(0, 16);
   return modelSocketPath(deps.dataDir, folderId);
 }
 
 /** The episode's model proxy: the sandbox's one way out, to the configured endpoint only. */
-async function startEpisodeProxy(attempt: EpisodeAttempt, deps: EpisodeDeps, socketPath: string): Promise<ModelProxy> {
+async function startEpisodeProxy(attempt: EpisodeAttempt, deps: SetUpDeps, socketPath: string): Promise<ModelProxy> {
   const { job } = attempt;
   if (deps.model === undefined) {
     throw new FleetError('model_error', `agent ${job.agent.kind} needs a model, and MODEL_BASE_URL is not set on worker ${deps.workerId}`);

@@ -4,12 +4,17 @@
 // The whole phase runs under the verification reserve: a stalled engine ends it as an infrastructure
 // failure, never as a reward. An agent that filled its engine-enforced disk quota, so the tests cannot
 // even be copied in, failed for its disk limit (kind agent), as where the limit is watched.
+// Returns the grade; the sweep's workspace copy and the verifier's run (also one that arrives after the
+// reserve) are left in the trail, which close reads whether or not verification returned.
 import type { AgentRun } from '../agent/agent.ts';
 import { Deadline, PhaseTimeout } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { keepWorkspaceEarly } from '../evidence/workspace-copy.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
-import type { AttemptState, EpisodeAttempt, EpisodeDeps, Graded } from './episode-attempt.ts';
+import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } from './episode-attempt.ts';
+
+/** What verification uses of the worker's clients and stores. */
+export type VerifyDeps = Pick<EpisodeDeps, 'evidence' | 'snapshotLimits' | 'log' | 'outputCapBytes'>;
 
 /** Where the hidden tests are copied for verification, after the agent stopped. */
 export const TESTS_DIR = '/tests';
@@ -45,9 +50,10 @@ function killedBySignal(agentRun: AgentRun): boolean {
 
 export async function verify(
   attempt: EpisodeAttempt,
-  deps: EpisodeDeps,
+  deps: VerifyDeps,
+  made: Pick<SetUpResult, 'archive' | 'proxy'>,
   session: SandboxSession,
-  state: AttemptState,
+  trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy'>,
   agentRun: AgentRun,
 ): Promise<Graded> {
   const { task } = attempt.job;
@@ -63,7 +69,7 @@ export async function verify(
     // copy after the verifier ran (one archive call fewer on the result's path).
     const copy = { dir: task.workdir, capBytes: deps.snapshotLimits.maxBytes + SNAPSHOT_TAR_SLACK_BYTES };
     const sweep = killedBySignal(agentRun) ? { swept: false } : await deadline.run('stopping what the agent left running', (signal) => session.sweepProcesses(signal, copy));
-    if (sweep.tar !== undefined) state.workspaceCopy = keepWorkspaceEarly(deps, { episodeId: attempt.job.episodeId, attempt: attempt.attempt }, sweep.tar);
+    if (sweep.tar !== undefined) trail.workspaceCopy = keepWorkspaceEarly(deps, { episodeId: attempt.job.episodeId, attempt: attempt.attempt }, sweep.tar);
     const { swept } = sweep;
     if (!swept) {
       // Only a sandbox that is still up is verified: one that stopped under the agent (the engine
@@ -81,8 +87,8 @@ export async function verify(
       await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
     }
     // The verifier runs without a model.
-    await deadline.run('closing the model proxy', async () => state.proxy?.close());
-    const tests = await state.archive!.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
+    await deadline.run('closing the model proxy', async () => made.proxy?.close());
+    const tests = await made.archive.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
     await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal))
       .catch(async (err: unknown) => {
         throw await diskFullByAgent(session, task.limits.diskMb, err, deadline.signal) ?? err;
@@ -92,7 +98,7 @@ export async function verify(
     const verifyRun = await deadline.runStoppable('running the verifier', (signal) =>
       session.exec(task.verify.command, { timeoutMs, capBytes: deps.outputCapBytes, signal }),
     // Output that arrives after the reserve is still kept as evidence, if close has not written it yet.
-    (late) => (state.verifyRun ??= late)).catch((err: unknown) => {
+    (late) => (trail.verifyRun ??= late)).catch((err: unknown) => {
       // The reserve ran out while the verifier was being stopped past its own timeout: the verifier's
       // fault (not graded, not retried). Had it run less than its timeout, the steps before it took the
       // reserve: the fleet's fault (retried).
@@ -101,7 +107,7 @@ export async function verify(
       }
       throw err;
     });
-    state.verifyRun = verifyRun;
+    trail.verifyRun = verifyRun;
     // Stopped from outside (cancel, drain) or by the reserve: not graded.
     deadline.signal.throwIfAborted();
     if (verifyRun.timedOut) throw new FleetError('verifier_timeout', `verifier passed its timeout of ${task.verify.timeoutSec}s`);
