@@ -2,7 +2,8 @@
 # worker, dashboard and model-stub services of docker-compose.yml. Workers started from it need the
 # host's Docker socket mounted (that is root on the host: see README, Operations).
 
-# Build stage: `npm ci` runs the prepare script, which compiles src/ and queues/ to dist/ with tsc.
+# Build stage: `npm ci` runs the prepare script, which compiles src/ and queues/ to dist/ with tsc and
+# copies the Redis scripts (src/redis/lua/*.lua) to dist/src/redis/lua/, where the compiled code reads them.
 FROM node:20-bookworm-slim AS build
 WORKDIR /opt/rollout-fleet
 COPY package.json package-lock.json tsconfig.json tsconfig.build.json ./

@@ -6,6 +6,7 @@
 import { PassThrough, type Readable } from 'node:stream';
 import type { Redis } from 'ioredis';
 import type { ArtifactStore } from '../artifacts/artifact-store.ts';
+import { luaScript } from '../redis/lua-script.ts';
 import { checkpointLatestKey } from '../redis/redis-keys.ts';
 import { CHECKPOINT_JSON, Checkpoint, WORKSPACE_TAR, seqFolderName } from './checkpoint.ts';
 import type { CheckpointStorage, CheckpointWriteResult, StoredCheckpoint } from './checkpoint-storage.ts';
@@ -16,14 +17,8 @@ const POINTER_TTL_SEC = 8 * 24 * 3600;
 const CALL_MS = 60_000;
 const MAX_CHECKPOINT_JSON_BYTES = 64 * 1024 * 1024;
 
-// Raise the pointer to ARGV[1] unless it is already there or higher; returns the pointer afterwards.
-const RAISE_POINTER = `
-local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
-local seq = tonumber(ARGV[1])
-if seq > current then current = seq end
-redis.call('SET', KEYS[1], current, 'EX', ARGV[2])
-return current
-`;
+/** Raise the pointer to a seq unless it is already there or higher; the pointer afterwards (src/redis/lua/checkpoint-raise-pointer-1.lua). */
+const RAISE_POINTER = luaScript<[pointer: string], [seq: number, ttlSec: number], number>('checkpoint-raise-pointer-1');
 
 const seqOf = (key: string, base: string): number | undefined => {
   const rest = key.slice(base.length);
@@ -73,7 +68,7 @@ export class ObjectCheckpointStore implements CheckpointStorage {
   }
 
   private async raise(episodeId: string, seq: number): Promise<number> {
-    return Number(await this.redis.eval(RAISE_POINTER, 1, checkpointLatestKey(this.prefix, episodeId), seq, POINTER_TTL_SEC));
+    return Number(await RAISE_POINTER.run(this.redis, [checkpointLatestKey(this.prefix, episodeId)], [seq, POINTER_TTL_SEC]));
   }
 
   async latest(episodeId: string): Promise<StoredCheckpoint | undefined> {

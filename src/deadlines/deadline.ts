@@ -20,8 +20,12 @@ export class PhaseTimeout extends FleetError {
 const formatMs = (ms: number) => (ms % 1000 === 0 ? `${ms / 1000}s` : `${ms}ms`);
 
 /**
- * Settle with `work`, or reject with the signal's reason as soon as it aborts. `work` goes on in the
- * background; a value it yields too late goes to `onLate` (close what it opened), an error is dropped.
+ * Settle with `work`, or reject with the signal's reason as soon as it aborts, whichever comes first
+ * (`work` already settled wins over a signal already aborted). The fleet's one way to race a step
+ * against a deadline or a caller's signal. After an abort `work` goes on in the background: a value it
+ * yields then goes to `onLate`, exactly once and never also to the caller, so what it opened is closed
+ * or given back (a lease, a reserved slot, a stream); an error it throws then is dropped. Without
+ * `onLate` a late value is dropped too (right for a read).
  */
 export async function untilAborted<T>(work: Promise<T>, signal: AbortSignal | undefined, onLate?: (value: T) => void): Promise<T> {
   if (signal === undefined) return work;

@@ -2,45 +2,18 @@
 // requests (a flag plus a pub/sub message to whichever worker runs it), and the atomic hand-over to
 // the close phase, so a cancel that arrives while an episode is closing is refused, never half-done.
 import type { Redis } from 'ioredis';
+import { luaScript } from '../redis/lua-script.ts';
 import { episodeCancelChannel, episodeCancelKey, episodePhaseKey } from '../redis/redis-keys.ts';
 
 /** Control keys outlive any episode: the longest deadline a task may have (7 days) and a day more. */
 const TTL_SEC = 8 * 24 * 3600;
 
-/**
- * Atomically: refuse when closing; otherwise flag the cancel and tell the running worker.
- * KEYS[1] phase key; KEYS[2] cancel key; ARGV[1] cancel channel; ARGV[2] episode id; ARGV[3] TTL in s.
- * Returns 'closing' (nothing touched), 'running' (flagged and published) or 'not-running' (flagged only).
- */
-const REQUEST_CANCEL = `
-local phase = redis.call('GET', KEYS[1])
-if phase == 'closing' then return 'closing' end
-redis.call('SET', KEYS[2], '1', 'EX', ARGV[3])
-if phase then
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
-  return 'running'
-end
-return 'not-running'`;
-
-/**
- * Atomically: a flagged cancel wins; otherwise the episode is closing from now on.
- * KEYS[1] phase key; KEYS[2] cancel key; ARGV[1] TTL in s.
- * Returns 'cancelled' (nothing touched) or 'closing' (phase set).
- */
-const BEGIN_CLOSE = `
-if redis.call('EXISTS', KEYS[2]) == 1 then return 'cancelled' end
-redis.call('SET', KEYS[1], 'closing', 'EX', ARGV[1])
-return 'closing'`;
-
-/**
- * Atomically: mark running, unless a cancel was flagged before the episode started.
- * KEYS[1] phase key; KEYS[2] cancel key; ARGV[1] TTL in s.
- * Returns 'cancelled' (nothing touched) or 'running' (phase set).
- */
-const MARK_RUNNING = `
-if redis.call('EXISTS', KEYS[2]) == 1 then return 'cancelled' end
-redis.call('SET', KEYS[1], 'running', 'EX', ARGV[1])
-return 'running'`;
+/** Refuse when closing, else flag the cancel and tell the worker (src/redis/lua/episode-request-cancel-2.lua). */
+const REQUEST_CANCEL = luaScript<[phase: string, cancel: string], [channel: string, episodeId: string, ttlSec: number], CancelAnswer>('episode-request-cancel-2');
+/** A flagged cancel wins, else the episode is closing (src/redis/lua/episode-begin-close-2.lua). */
+const BEGIN_CLOSE = luaScript<[phase: string, cancel: string], [ttlSec: number], 'closing' | 'cancelled'>('episode-begin-close-2');
+/** Mark running unless a cancel came first (src/redis/lua/episode-mark-running-2.lua). */
+const MARK_RUNNING = luaScript<[phase: string, cancel: string], [ttlSec: number], 'running' | 'cancelled'>('episode-mark-running-2');
 
 export type CancelAnswer = 'closing' | 'running' | 'not-running';
 
@@ -59,15 +32,15 @@ export class EpisodeControl {
   }
 
   async markRunning(episodeId: string): Promise<'running' | 'cancelled'> {
-    return (await this.redis.eval(MARK_RUNNING, 2, ...this.keys(episodeId), TTL_SEC)) as 'running' | 'cancelled';
+    return await MARK_RUNNING.run(this.redis, this.keys(episodeId), [TTL_SEC]);
   }
 
   async beginClose(episodeId: string): Promise<'closing' | 'cancelled'> {
-    return (await this.redis.eval(BEGIN_CLOSE, 2, ...this.keys(episodeId), TTL_SEC)) as 'closing' | 'cancelled';
+    return await BEGIN_CLOSE.run(this.redis, this.keys(episodeId), [TTL_SEC]);
   }
 
   async requestCancel(episodeId: string): Promise<CancelAnswer> {
-    return (await this.redis.eval(REQUEST_CANCEL, 2, ...this.keys(episodeId), this.channel, episodeId, TTL_SEC)) as CancelAnswer;
+    return await REQUEST_CANCEL.run(this.redis, this.keys(episodeId), [this.channel, episodeId, TTL_SEC]);
   }
 
   /** The attempt is over (ended, retried or handed back): forget its phase and any cancel flag. */

@@ -36,6 +36,8 @@ import { createHash, randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import { untilAborted } from '../deadlines/deadline.ts';
+import { luaScript } from '../redis/lua-script.ts';
 import {
   modelLimitLeasesKey,
   modelLimitQueueKey,
@@ -153,178 +155,27 @@ export function endpointIdentity(baseUrl: string): { id: string; host: string } 
   return { id: createHash('sha256').update(bare).digest('hex').slice(0, 12), host: u.host };
 }
 
-// ---- the scripts ---------------------------------------------------------------------------------
+// ---- the scripts (src/redis/lua/model-limit-*.lua) ------------------------------------------------
 
-const NOW = `local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-`;
+type AcquireReply = [granted: 0, delayMs: string, reservedTat: string, T: string] | [wait: 1, hintMs: string, reason: string];
+type MetricsReply = [host: string, inFlight: number, waiting: number, rateLimited: number, unavailable: number, tokensLastMinute: number, factor: string, pausedMs: string];
 
-/** Wait before a request at `now`: GCRA's emission interval and tolerance at the current factor. */
-const GCRA = `local function gcra(rpm, factor, burstS)
-  local perS = rpm * factor / 60
-  local T = 1000 / perS
-  local burst = math.max(1, math.floor(perS * burstS))
-  return T, (burst - 1) * T
-end
-`;
-
-// KEYS: state, leases, queue, waiters, index
-// ARGV: id, leaseMs, maxConcurrent, rpm, tpm, horizonMs, aliveMs, ttlMs, endpointId, host, burstSeconds
-// -> {0, delayMs, reservedTat, T} granted (sleep delayMs first) | {1, hintMs, reason} wait
-const ACQUIRE = `${NOW}${GCRA}
-local id = ARGV[1]
-local leaseMs, maxC, rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local horizon, aliveMs, ttl, burstS = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[11])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
-for i = 1, #gone do redis.call('ZREM', KEYS[3], gone[i]) end
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-redis.call('ZADD', KEYS[3], 'NX', now, id)
-redis.call('ZADD', KEYS[4], now + aliveMs, id)
-redis.call('HSET', KEYS[1], 'host', ARGV[10], 'lease_ms', leaseMs)
-redis.call('ZADD', KEYS[5], now, ARGV[9])
-local function touch()
-  for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ttl) end
-end
-local s = redis.call('HMGET', KEYS[1], 'factor', 'tat', 'pause_until', 'tok_allow', 'tok_at')
-local factor = tonumber(s[1]) or 1
-local function wait(ms, why)
-  touch()
-  return {1, tostring(math.ceil(ms)), why}
-end
-local pauseUntil = tonumber(s[3]) or 0
-if pauseUntil > now then return wait(pauseUntil - now, 'paused') end
-if tpm > 0 and s[4] then
-  local rate = tpm / 60000
-  local allow = math.min(tpm, tonumber(s[4]) + (now - tonumber(s[5])) * rate)
-  if allow < 0 then return wait(-allow / rate, 'tokens') end
-end
-if maxC > 0 then
-  local cap = math.max(1, math.floor(maxC * factor))
-  local free = cap - redis.call('ZCARD', KEYS[2])
-  local rank = redis.call('ZRANK', KEYS[3], id)
-  if rank >= free then return wait(math.min(250, 10 * (rank - math.max(free, 0) + 1)), 'busy') end
-end
-local delay, reserved, T = 0, '', 0
-if rpm > 0 then
-  local tau
-  T, tau = gcra(rpm, factor, burstS)
-  local start = math.max(tonumber(s[2]) or 0, now)
-  local slot = math.max(now, start - tau)
-  if slot - now > horizon then return wait(slot - now - horizon, 'rate') end
-  reserved = string.format('%.3f', start + T)
-  redis.call('HSET', KEYS[1], 'tat', reserved)
-  delay = slot - now
-end
-redis.call('ZADD', KEYS[2], now + delay + leaseMs, id)
-redis.call('ZREM', KEYS[3], id)
-redis.call('ZREM', KEYS[4], id)
-touch()
-return {0, tostring(math.ceil(delay)), reserved, string.format('%.3f', T)}
-`;
-
-// KEYS: state, leases, queue, waiters
-// ARGV: id, reservedTat ('' when none), T
-// An aborted caller leaves: out of the queue, its lease freed, its reserved slot given back when it
-// was the last one reserved.
-const LEAVE = `
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'tat') == ARGV[2] then
-  redis.call('HSET', KEYS[1], 'tat', string.format('%.3f', tonumber(ARGV[2]) - tonumber(ARGV[3])))
-end
-return 1
-`;
-
-// KEYS: state -> ms the endpoint is still paused (0: not)
-const PAUSE_LEFT = `${NOW}
-local p = tonumber(redis.call('HGET', KEYS[1], 'pause_until') or '0')
-return tostring(math.max(0, math.ceil(p - now)))
-`;
-
-// KEYS: state, leases, tokens
-// ARGV: id, status, retryAfterMs, tokens, rpm, tpm, burstSeconds, decrease, floor, increase, cutIntervalMs, maxPauseMs, ttlMs
-const RELEASE = `${NOW}${GCRA}
-redis.call('ZREM', KEYS[2], ARGV[1])
-local status, retryAfter, tokens = tonumber(ARGV[2]) or 0, tonumber(ARGV[3]) or 0, tonumber(ARGV[4]) or 0
-local rpm, tpm, burstS = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local decrease, floor, increase = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local cutInterval, maxPause, ttl = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
-local s = redis.call('HMGET', KEYS[1], 'factor', 'cut_at', 'pause_until', 'tat', 'tok_allow', 'tok_at')
-local factor = tonumber(s[1]) or 1
-if status == 429 or status == 503 then
-  redis.call('HINCRBY', KEYS[1], 'n' .. status, 1)
-  if now - (tonumber(s[2]) or 0) >= cutInterval then
-    factor = math.max(floor, factor * decrease)
-    redis.call('HSET', KEYS[1], 'factor', string.format('%.6f', factor), 'cut_at', string.format('%.3f', now))
-  end
-  local pauseUntil = tonumber(s[3]) or 0
-  if retryAfter > 0 and now + math.min(retryAfter, maxPause) > pauseUntil then
-    pauseUntil = now + math.min(retryAfter, maxPause)
-    redis.call('HSET', KEYS[1], 'pause_until', string.format('%.3f', pauseUntil))
-  end
-  if status == 429 and rpm > 0 then
-    local T, tau = gcra(rpm, factor, burstS)
-    local emptied = math.max(now, pauseUntil) + tau
-    if emptied > (tonumber(s[4]) or 0) then redis.call('HSET', KEYS[1], 'tat', string.format('%.3f', emptied)) end
-  end
-elseif status >= 200 and status < 300 and factor < 1 then
-  redis.call('HSET', KEYS[1], 'factor', string.format('%.6f', math.min(1, factor + increase)))
-end
-if tokens > 0 then
-  local sec = math.floor(now / 1000)
-  redis.call('HINCRBY', KEYS[3], sec, tokens)
-  local fields = redis.call('HKEYS', KEYS[3])
-  for i = 1, #fields do
-    if tonumber(fields[i]) < sec - 60 then redis.call('HDEL', KEYS[3], fields[i]) end
-  end
-  redis.call('PEXPIRE', KEYS[3], ttl)
-  if tpm > 0 then
-    local allow = tpm
-    if s[5] then allow = math.min(tpm, tonumber(s[5]) + (now - tonumber(s[6])) * tpm / 60000) end
-    redis.call('HSET', KEYS[1], 'tok_allow', string.format('%.3f', allow - tokens), 'tok_at', string.format('%.3f', now))
-  end
-end
-redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PEXPIRE', KEYS[2], ttl)
-return 1
-`;
-
-// KEYS: state, leases, waiters, tokens -> false when the endpoint's state is gone, else its numbers
-const METRICS = `${NOW}
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-local s = redis.call('HMGET', KEYS[1], 'host', 'lease_ms', 'n429', 'n503', 'factor', 'pause_until')
-local leaseMs = tonumber(s[2]) or 0
-local inFlight = redis.call('ZCOUNT', KEYS[2], '(' .. now, now + leaseMs)
-local reserved = redis.call('ZCOUNT', KEYS[2], '(' .. (now + leaseMs), '+inf')
-local waiting = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf') + reserved
-local sec = math.floor(now / 1000)
-local tokens = 0
-local buckets = redis.call('HGETALL', KEYS[4])
-for i = 1, #buckets, 2 do
-  if tonumber(buckets[i]) > sec - 60 then tokens = tokens + tonumber(buckets[i + 1]) end
-end
-return {s[1] or '', inFlight, waiting, tonumber(s[3]) or 0, tonumber(s[4]) or 0, tokens, s[5] or '1', tostring(math.max(0, math.ceil((tonumber(s[6]) or 0) - now)))}
-`;
-
-const SCRIPTS = {
-  rfModelLimitAcquire: { numberOfKeys: 5, lua: ACQUIRE },
-  rfModelLimitLeave: { numberOfKeys: 4, lua: LEAVE },
-  rfModelLimitPauseLeft: { numberOfKeys: 1, lua: PAUSE_LEFT },
-  rfModelLimitRelease: { numberOfKeys: 3, lua: RELEASE },
-  rfModelLimitMetrics: { numberOfKeys: 4, lua: METRICS },
-} as const;
-
-type Script = (...args: (string | number)[]) => Promise<unknown>;
-
-/** The scripts as commands of this connection (EVALSHA, loaded on first use). */
-function scripts(redis: Redis): Record<keyof typeof SCRIPTS, Script> {
-  for (const [name, def] of Object.entries(SCRIPTS)) {
-    if (typeof (redis as unknown as Record<string, unknown>)[name] !== 'function') redis.defineCommand(name, def);
-  }
-  return redis as unknown as Record<keyof typeof SCRIPTS, Script>;
-}
+const ACQUIRE = luaScript<
+  [state: string, leases: string, queue: string, waiters: string, index: string],
+  [id: string, leaseMs: number, maxConcurrent: number, rpm: number, tpm: number, horizonMs: number, aliveMs: number, ttlMs: number, endpointId: string, host: string, burstSeconds: number],
+  AcquireReply
+>('model-limit-acquire-5');
+const LEAVE = luaScript<[state: string, leases: string, queue: string, waiters: string], [id: string, reservedTat: string, T: string], 1>('model-limit-leave-4');
+const PAUSE_LEFT = luaScript<[state: string], [], string>('model-limit-pause-left-1');
+const RELEASE = luaScript<
+  [state: string, leases: string, tokens: string],
+  [
+    id: string, status: number | '', retryAfterMs: number | '', tokens: number | '', rpm: number, tpm: number, burstSeconds: number,
+    decrease: number, floor: number, increase: number, cutIntervalMs: number, maxPauseMs: number, ttlMs: number,
+  ],
+  1
+>('model-limit-release-3');
+const METRICS = luaScript<[state: string, leases: string, waiters: string, tokens: string], [], MetricsReply | null>('model-limit-metrics-4');
 
 // ---- the limiter ---------------------------------------------------------------------------------
 
@@ -344,34 +195,6 @@ const positive = (name: string, v: number | undefined) => {
 
 const jittered = (ms: number) => Math.min(POLL_MAX_MS, Math.max(POLL_MIN_MS, ms)) * (0.8 + 0.4 * Math.random());
 
-class Aborted extends Error {}
-
-/** Settle with `p`, or reject with Aborted when `signal` aborts first (then `late` gets what `p` brings). */
-function untilAborted<T>(p: Promise<T>, signal: AbortSignal, late: (value: T) => void): Promise<T> {
-  if (signal.aborted) {
-    p.then(late, () => undefined);
-    return Promise.reject(new Aborted());
-  }
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = () => {
-      p.then(late, () => undefined);
-      reject(new Aborted());
-    };
-    signal.addEventListener('abort', onAbort, { once: true });
-    p.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        // Aborted first: onAbort rejected and handed `v` to `late` already.
-        if (!signal.aborted) resolve(v);
-      },
-      (err: unknown) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(err);
-      },
-    );
-  });
-}
-
 export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
   const { redis, prefix, log: parentLog } = opts;
   const maxConcurrent = positive('limits.maxConcurrent', opts.limits.maxConcurrent);
@@ -386,7 +209,6 @@ export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
   const idleTtlMs = Math.ceil(positive('idleTtlMs', opts.idleTtlMs) ?? Math.max(3_600_000, 2 * leaseMs));
   const { id: endpointId, host } = endpointIdentity(opts.endpoint);
   const log = parentLog.child({ component: 'fleet-limits', endpoint: endpointId, host });
-  const cmd = scripts(redis);
   const state = modelLimitStateKey(prefix, endpointId);
   const leases = modelLimitLeasesKey(prefix, endpointId);
   const queue = modelLimitQueueKey(prefix, endpointId);
@@ -400,14 +222,11 @@ export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
     reservedTat: string;
     T: string;
   }
-  const parseGrant = (r: unknown): Grant | undefined => {
-    const [kind, ms, reservedTat, T] = r as [number, string, string, string];
-    return kind === 0 ? { delayMs: Number(ms), reservedTat, T } : undefined;
-  };
+  const parseGrant = (r: AcquireReply): Grant | undefined => (r[0] === 0 ? { delayMs: Number(r[1]), reservedTat: r[2], T: r[3] } : undefined);
 
   /** Take an aborted caller's leave (bounded: a Redis that does not answer must not hold the abort up). */
   async function leave(id: string, grant: Grant | undefined): Promise<void> {
-    const done = cmd.rfModelLimitLeave(state, leases, queue, waiters, id, grant?.reservedTat ?? '', grant?.T ?? '0').then(
+    const done = LEAVE.run(redis, [state, leases, queue, waiters], [id, grant?.reservedTat ?? '', grant?.T ?? '0']).then(
       () => undefined,
       (err: unknown) => log.warn({ err }, 'could not give back an aborted turn; it expires by itself'),
     );
@@ -422,13 +241,13 @@ export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
         if (released) return;
         released = true;
         local.inFlight -= 1;
-        const done = cmd
-          .rfModelLimitRelease(
-            state, leases, tokens, id,
+        const done = RELEASE
+          .run(redis, [state, leases, tokens], [
+            id,
             outcome.status ?? '', outcome.retryAfterMs ?? '', outcome.tokens === undefined ? '' : Math.max(0, Math.round(outcome.tokens)),
             rpm ?? 0, tpm ?? 0, burstSeconds,
             aimd.decrease, aimd.floor, aimd.increasePerSuccess, aimd.cutIntervalMs, aimd.maxPauseMs, idleTtlMs,
-          )
+          ])
           .then(
             () => {
               if (outcome.status === 429 || outcome.status === 503) log.debug({ status: outcome.status, retryAfterMs: outcome.retryAfterMs }, 'endpoint congested');
@@ -455,24 +274,28 @@ export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
         const left = acquireOpts.maxWaitMs === undefined ? Infinity : acquireOpts.maxWaitMs - (performance.now() - started);
         const horizonMs = Math.floor(Math.max(0, Math.min(maxReserveMs, left)));
         const answer = await untilAborted(
-          cmd.rfModelLimitAcquire(
-            state, leases, queue, waiters, index,
-            id, leaseMs, maxConcurrent ?? 0, rpm ?? 0, tpm ?? 0, horizonMs, WAITER_ALIVE_MS, idleTtlMs, endpointId, host, burstSeconds,
+          ACQUIRE.run(
+            redis,
+            [state, leases, queue, waiters, index],
+            [id, leaseMs, maxConcurrent ?? 0, rpm ?? 0, tpm ?? 0, horizonMs, WAITER_ALIVE_MS, idleTtlMs, endpointId, host, burstSeconds],
           ),
           signal,
+          // A grant that comes after the abort is given back.
           (late) => void leave(id, parseGrant(late)),
         );
         grant = parseGrant(answer);
         if (grant === undefined) {
-          await sleep(jittered(Number((answer as unknown[])[1])), undefined, { signal });
+          await sleep(jittered(Number(answer[1])), undefined, { signal });
           continue;
         }
+        // Granted in the very moment the signal aborted: the caller gets no turn, the grant goes back (catch).
+        signal.throwIfAborted();
         if (grant.delayMs > 0) {
           await sleep(grant.delayMs, undefined, { signal });
           // A Retry-After that came while this caller slept for its slot holds it too. Its slot fell in
           // the pause: it gives it up and asks again, so the callers reserved during a pause do not all
           // start at once when it ends (the 429 spent the allowance; turns resume at the steady pace).
-          const pausedMs = Number(await untilAborted(cmd.rfModelLimitPauseLeft(state), signal, () => undefined));
+          const pausedMs = Number(await untilAborted(PAUSE_LEFT.run(redis, [state], []), signal));
           if (pausedMs > 0) {
             const dropped = grant;
             grant = undefined;
@@ -488,7 +311,9 @@ export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
         return permit(id);
       }
     } catch (err) {
-      if (!signal.aborted && !(err instanceof Aborted)) throw err;
+      // An abort during any wait (for Redis, through untilAborted, or a sleep) rejects with the signal's
+      // reason: the caller gives its turn up. Anything else (Redis failing) is the caller's error.
+      if (!signal.aborted) throw err;
       local.aborted += 1;
       await leave(id, grant);
       throw new RateLimitWaitAborted(waited(), signal.reason);
@@ -510,12 +335,11 @@ export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
 }
 
 async function readOne(redis: Redis, prefix: string, endpointId: string): Promise<EndpointLimitMetrics | undefined> {
-  const r = (await scripts(redis).rfModelLimitMetrics(
-    modelLimitStateKey(prefix, endpointId),
-    modelLimitLeasesKey(prefix, endpointId),
-    modelLimitWaitersKey(prefix, endpointId),
-    modelLimitTokensKey(prefix, endpointId),
-  )) as [string, number, number, number, number, number, string, string] | null;
+  const r = await METRICS.run(
+    redis,
+    [modelLimitStateKey(prefix, endpointId), modelLimitLeasesKey(prefix, endpointId), modelLimitWaitersKey(prefix, endpointId), modelLimitTokensKey(prefix, endpointId)],
+    [],
+  );
   if (r === null) return undefined;
   const [host, inFlight, waiting, rateLimited, unavailable, tokensLastMinute, factor, pausedMs] = r;
   return { endpoint: endpointId, host, inFlight, waiting, rateLimited, unavailable, tokensLastMinute, allowanceFactor: Number(factor), pausedMs: Number(pausedMs) };

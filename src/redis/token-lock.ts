@@ -5,20 +5,12 @@
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import { luaScript } from './lua-script.ts';
 
-/**
- * Extend the lock if it is still ours.
- * KEYS[1] lock key; ARGV[1] token; ARGV[2] TTL in ms.
- * Returns 1 when extended, 0 when the key is gone or holds another token (nothing is touched).
- */
-const RENEW_SCRIPT = `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end`;
-
-/**
- * Delete the lock if it is still ours.
- * KEYS[1] lock key; ARGV[1] token.
- * Returns 1 when deleted, 0 when the key is gone or holds another token (nothing is touched).
- */
-const RELEASE_SCRIPT = `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end`;
+/** Extend the lock if it is still ours: 1, else 0 (src/redis/lua/lock-renew-1.lua). */
+const RENEW = luaScript<[key: string], [token: string, ttlMs: string], 0 | 1>('lock-renew-1');
+/** Delete the lock if it is still ours: 1, else 0 (src/redis/lua/lock-release-1.lua). */
+const RELEASE = luaScript<[key: string], [token: string], 0 | 1>('lock-release-1');
 
 export interface TokenLockOptions {
   /** The lease: the key expires this long after it was taken or last renewed. */
@@ -57,7 +49,7 @@ export async function tryLock(redis: Redis, key: string, opts: TokenLockOptions)
   if (renew) {
     const renewOnce = async () => {
       try {
-        if (Number(await redis.eval(RENEW_SCRIPT, 1, key, token, String(ttlMs))) !== 1) {
+        if (Number(await RENEW.run(redis, [key], [token, String(ttlMs)])) !== 1) {
           lost.abort(renew.lostReason?.(key) ?? new Error(`lost the lock ${key}`));
         }
       } catch (err) {
@@ -80,7 +72,7 @@ export async function tryLock(redis: Redis, key: string, opts: TokenLockOptions)
       if (released) return;
       released = true;
       clearInterval(timer);
-      await redis.eval(RELEASE_SCRIPT, 1, key, token);
+      await RELEASE.run(redis, [key], [token]);
     },
   };
 }

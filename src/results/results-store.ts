@@ -11,6 +11,7 @@ import { writeFileAtomic } from '../files/atomic-write.ts';
 import {
   batchCompletionsKey, batchesKey, batchManifestKey, batchOutlinesKey, batchResultsKey, batchResultsVersionKey, batchSummaryCacheKey, batchSummaryKey, episodeRetryKey,
 } from '../redis/redis-keys.ts';
+import { luaScript } from '../redis/lua-script.ts';
 import { summarize, type BatchSummary } from './batch-summary.ts';
 import { decodeOutline, encodeOutline, type ResultOutline } from './result-outline.ts';
 
@@ -28,16 +29,14 @@ const RETRY_MARK_TTL_SEC = 8 * 24 * 3600;
 
 /**
  * Record a result once, with its outline, and append it to the batch's completion stream in the same
- * step, so a reader of the stream never misses a recorded result nor sees one twice.
- * KEYS[1] results hash; KEYS[2] completions stream; KEYS[3] outlines hash; KEYS[4] results version;
- * ARGV[1] episode id; ARGV[2] result JSON; ARGV[3] status; ARGV[4] reward ('' when none); ARGV[5] the
- * outline. Returns the stream entry id, or false when it had a result.
+ * step, so a reader of the stream never misses a recorded result nor sees one twice. The stream entry
+ * id, or null when the episode had a result (src/redis/lua/result-record-4.lua).
  */
-const RECORD_RESULT = `
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return false end
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
-redis.call('INCR', KEYS[4])
-return redis.call('XADD', KEYS[2], '*', 'episodeId', ARGV[1], 'status', ARGV[3], 'reward', ARGV[4])`;
+const RECORD_RESULT = luaScript<
+  [results: string, completions: string, outlines: string, version: string],
+  [episodeId: string, resultJson: string, status: string, reward: string, outline: string],
+  string | null
+>('result-record-4');
 
 /** One entry of a batch's completion stream. */
 export interface Completion {
@@ -50,17 +49,10 @@ export interface Completion {
 
 /**
  * Atomically: when the episode is marked for a retry, forget its result (and outline) and the mark.
- * KEYS[1] batch results hash; KEYS[2] retry mark; KEYS[3] outlines hash; KEYS[4] results version;
- * ARGV[1] episode id. Returns the result still recorded (JSON), or false when there is none (none
- * recorded, or just forgotten).
+ * The result still recorded (JSON), or null when there is none (none recorded, or just forgotten)
+ * (src/redis/lua/result-unless-retried-4.lua).
  */
-const RESULT_UNLESS_RETRIED = `
-if redis.call('DEL', KEYS[2]) == 1 then
-  if redis.call('HDEL', KEYS[1], ARGV[1]) == 1 then redis.call('INCR', KEYS[4]) end
-  redis.call('HDEL', KEYS[3], ARGV[1])
-  return false
-end
-return redis.call('HGET', KEYS[1], ARGV[1])`;
+const RESULT_UNLESS_RETRIED = luaScript<[results: string, retryMark: string, outlines: string, version: string], [episodeId: string], string | null>('result-unless-retried-4');
 
 interface SummaryCache {
   /** The results version (a counter bumped with every result recorded or forgotten) and count it is of. */
@@ -171,9 +163,10 @@ export class ResultsStore {
 
   /** Record an episode's result; false (and nothing written) when it already had one. */
   async record(result: EpisodeResult): Promise<boolean> {
-    const entry = await this.redis.eval(
-      RECORD_RESULT, 4, this.resultsKey(result.batchId), batchCompletionsKey(this.prefix, result.batchId), this.outlinesKey(result.batchId), this.versionKey(result.batchId),
-      result.episodeId, JSON.stringify(result), result.status, result.reward === null ? '' : String(result.reward), encodeOutline(result),
+    const entry = await RECORD_RESULT.run(
+      this.redis,
+      [this.resultsKey(result.batchId), batchCompletionsKey(this.prefix, result.batchId), this.outlinesKey(result.batchId), this.versionKey(result.batchId)],
+      [result.episodeId, JSON.stringify(result), result.status, result.reward === null ? '' : String(result.reward), encodeOutline(result)],
     );
     const first = entry === null ? 0 : 1;
     if (first === 1) {
@@ -214,7 +207,7 @@ export class ResultsStore {
    * retry by kind calls it too; whichever comes first forgets, the other finds nothing to do.
    */
   async resultUnlessRetried(batchId: string, episodeId: string): Promise<EpisodeResult | undefined> {
-    const raw = (await this.redis.eval(RESULT_UNLESS_RETRIED, 4, this.resultsKey(batchId), episodeRetryKey(this.prefix, episodeId), this.outlinesKey(batchId), this.versionKey(batchId), episodeId)) as string | null;
+    const raw = await RESULT_UNLESS_RETRIED.run(this.redis, [this.resultsKey(batchId), episodeRetryKey(this.prefix, episodeId), this.outlinesKey(batchId), this.versionKey(batchId)], [episodeId]);
     return raw === null ? undefined : EpisodeResult.parse(JSON.parse(raw));
   }
 

@@ -78,3 +78,60 @@ describe('Deadline', () => {
     deadline.dispose();
   });
 });
+
+// The one race of work against a signal, which the phase deadlines and the fleet limits' turns share.
+describe('untilAborted', () => {
+  const deferred = <T>() => {
+    let resolve!: (v: T) => void;
+    let reject!: (e: unknown) => void;
+    const promise = new Promise<T>((res, rej) => ((resolve = res), (reject = rej)));
+    return { promise, resolve, reject };
+  };
+
+  it('rejects with the signal\'s reason and hands a value that comes after the abort to onLate once, never to the caller', async () => {
+    const ctrl = new AbortController();
+    const work = deferred<string>();
+    const handed: string[] = [];
+    const raced = untilAborted(work.promise, ctrl.signal, (v) => handed.push(v));
+    const reason = new Error('caller gone');
+    ctrl.abort(reason);
+    await expect(raced).rejects.toBe(reason);
+    work.resolve('a reserved slot');
+    await work.promise;
+    await new Promise((r) => setImmediate(r));
+    expect(handed).toEqual(['a reserved slot']);
+  });
+
+  it('rejects at once on a signal already aborted while the work is pending, and the late value still goes to onLate', async () => {
+    const ctrl = new AbortController();
+    ctrl.abort(new Error('before'));
+    const work = deferred<number>();
+    let late: number | undefined;
+    await expect(untilAborted(work.promise, ctrl.signal, (v) => (late = v))).rejects.toThrow('before');
+    work.resolve(7);
+    await new Promise((r) => setImmediate(r));
+    expect(late).toBe(7);
+  });
+
+  it('gives work that already settled to the caller even when the signal has aborted too, and nothing to onLate', async () => {
+    const ctrl = new AbortController();
+    ctrl.abort(new Error('after the copy'));
+    let late = false;
+    await expect(untilAborted(Promise.resolve('copy'), ctrl.signal, () => (late = true))).resolves.toBe('copy');
+    await new Promise((r) => setImmediate(r));
+    expect(late).toBe(false);
+  });
+
+  it('passes the work\'s own error on when it fails first, and drops one that comes after the abort', async () => {
+    await expect(untilAborted(Promise.reject(new Error('redis down')), new AbortController().signal)).rejects.toThrow('redis down');
+    const ctrl = new AbortController();
+    const work = deferred<string>();
+    let late = false;
+    const raced = untilAborted(work.promise, ctrl.signal, () => (late = true));
+    ctrl.abort(new Error('deadline'));
+    await expect(raced).rejects.toThrow('deadline');
+    work.reject(new Error('too late to matter'));
+    await new Promise((r) => setImmediate(r));
+    expect(late).toBe(false);
+  });
+});
