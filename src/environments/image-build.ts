@@ -76,7 +76,7 @@ export interface EnvironmentBuildOptions {
   rememberTimeouts?: boolean;
   /** Most bytes of build log kept (the end of it). @default 1048576 */
   logCapBytes?: number;
-  /** Stops waiting, and aborts a build this call started (the process is shutting down). */
+  /** Stops this call's wait (not the build, which other callers may be waiting for: it has its own timeout). */
   signal?: AbortSignal;
   /** Called once when this call starts waiting for a build (its own or another process's): say so in the episode's status. */
   onWait?: (info: { image: string; builder: 'this-process' | 'other-process' }) => void;
@@ -155,7 +155,10 @@ export async function ensureEnvironmentImage(
   let joined = true;
   if (!flight) {
     joined = false;
-    flight = ensureOnce(deps, spec, image, opts);
+    // The flight is shared: one caller giving up (its signal) must not abort the build the others
+    // wait for, so it runs without any caller's signal (bounded by the build timeout and the wait
+    // timeout); each caller stops waiting on its own signal.
+    flight = ensureOnce(deps, spec, image, { ...opts, signal: undefined });
     flights.set(spec.digest, flight);
     const mine = flight;
     void mine.finally(() => {
@@ -195,7 +198,7 @@ async function rememberedFailure(redis: Redis, key: string, digest: string): Pro
 }
 
 async function ensureOnce(deps: EnvironmentBuildDeps, spec: EnvironmentBuildSpec, image: string, opts: EnvironmentBuildOptions): Promise<EnvironmentImage> {
-  const { callTimeoutMs = 30_000, lockTtlMs = 30_000, pollMs = 100, signal } = opts;
+  const { callTimeoutMs = 30_000, lockTtlMs = 30_000, pollMs = 100 } = opts;
   const waitTimeoutMs = opts.waitTimeoutMs ?? spec.timeoutSec * 1000 + 60_000;
   const engine = await engineId(deps.docker, { timeoutMs: callTimeoutMs });
   const lockKey = envBuildLockKey(deps.prefix, engine, spec.digest);
@@ -213,7 +216,6 @@ async function ensureOnce(deps: EnvironmentBuildDeps, spec: EnvironmentBuildSpec
 
   let waitedSince: number | undefined;
   for (;;) {
-    signal?.throwIfAborted();
     const existing = await found();
     if (existing) return (unused(), existing);
     const failed = await rememberedFailure(deps.redis, failureKey, spec.digest);
@@ -245,7 +247,6 @@ async function ensureOnce(deps: EnvironmentBuildDeps, spec: EnvironmentBuildSpec
       if (Date.now() - waitedSince > waitTimeoutMs) {
         throw new FleetError('environment_build_interrupted', `environment ${image} was still being built by another process after ${waitTimeoutMs} ms`);
       }
-      signal?.throwIfAborted();
       await new Promise((resolve) => setTimeout(resolve, pollMs));
     }
   }
@@ -284,8 +285,6 @@ async function buildLocked(
   }, timeoutMs);
   const onLost = () => abort.abort(held.lock.signal.reason);
   held.lock.signal.addEventListener('abort', onLost, { once: true });
-  const onStop = () => abort.abort(opts.signal?.reason);
-  opts.signal?.addEventListener('abort', onStop, { once: true });
 
   const labels: Record<string, string> = {
     ...spec.labels,
@@ -355,7 +354,6 @@ async function buildLocked(
     }
     if (err instanceof FleetError) throw err;
     if (abort.signal.aborted && abort.signal.reason instanceof FleetError) throw abort.signal.reason;
-    opts.signal?.throwIfAborted();
     const status = dockerStatusOf(err);
     const detail = (err as { json?: { message?: string } }).json?.message ?? (err as Error).message ?? String(err);
     if (status === 400) {
@@ -367,7 +365,6 @@ async function buildLocked(
   } finally {
     clearTimeout(timer);
     held.lock.signal.removeEventListener('abort', onLost);
-    opts.signal?.removeEventListener('abort', onStop);
     if (body instanceof Readable) body.destroy();
     res?.destroy();
   }

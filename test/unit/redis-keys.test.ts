@@ -42,6 +42,9 @@ describe('redis keys', () => {
       keys.batchCompletionsKey(p, 'b'),
       keys.sandboxClaimKey(p, 'c0ffee'),
       keys.reaperLastRunKey(p),
+      keys.envBuildLockKey(p, 'ENGINE:ID', 'abc'),
+      keys.envBuildFailureKey(p, 'ENGINE:ID', 'abc'),
+      keys.envLastUsedKey(p, 'ENGINE:ID'),
     ]).toEqual([
       'rf:runtime:last-used',
       'rf:runtime:lock:ENGINE:ID:gen1',
@@ -77,6 +80,9 @@ describe('redis keys', () => {
       'rf:batch:b:completions',
       'rf:sandbox-claim:c0ffee',
       'rf:reaper:last-run',
+      'rf:env:lock:ENGINE:ID:abc',
+      'rf:env:failed:ENGINE:ID:abc',
+      'rf:env:last-used:ENGINE:ID',
     ]);
   });
 });

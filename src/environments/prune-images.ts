@@ -1,0 +1,119 @@
+// Remove built environment images least recently used first until what they hold on the engine is
+// within a disk budget. "Used" is when an episode last asked for the image (ensureEnvironmentImage
+// records it per engine in Redis, at its build too; an image with no record counts from its build). What an image
+// holds is its own layers: the base layers it shares with other images (the stand-in base, a common
+// FROM) are not freed by removing it, so the engine's shared size is subtracted. Images asked for
+// within `minIdleMs` are kept whatever the budget (an episode may be about to create its container
+// from one), as are images a container still uses and images whose build lock is held.
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { envBuildLockKey, envLastUsedKey } from '../redis/redis-keys.ts';
+import { tryLock } from '../redis/token-lock.ts';
+import { dockerCall, dockerStatusOf, engineId, type Docker } from '../sandbox/docker-client.ts';
+import { LABEL } from '../sandbox/labels.ts';
+import { ENV_IMAGE_REPOSITORY } from './image-build.ts';
+
+export interface PruneDeps {
+  docker: Docker;
+  redis: Redis;
+  /** Only images built under this fleet prefix are considered. */
+  prefix: string;
+  log: Logger;
+}
+
+export interface PruneOptions {
+  /** Bytes the fleet's built images may hold on this engine (their own layers). */
+  budgetBytes: number;
+  /** Keep images asked for this recently whatever the budget. @default 600000 */
+  minIdleMs?: number;
+  /** Deadline of each Docker call. @default 30000 */
+  callTimeoutMs?: number;
+  /** The current time, for tests. @default Date.now() */
+  nowMs?: number;
+}
+
+export interface PruneResult {
+  /** Tags removed, least recently used first. */
+  removed: string[];
+  /** Bytes the removed images held (their own layers). */
+  freedBytes: number;
+  /** Bytes the remaining built images hold. */
+  keptBytes: number;
+}
+
+interface Candidate {
+  tag: string;
+  digest: string;
+  bytes: number;
+  lastUsed: number;
+}
+
+interface DfImage {
+  Id: string;
+  RepoTags?: string[] | null;
+  Labels?: Record<string, string> | null;
+  Size: number;
+  SharedSize: number;
+  Containers: number;
+  Created: number;
+}
+
+export async function pruneEnvironmentImages(deps: PruneDeps, opts: PruneOptions): Promise<PruneResult> {
+  if (!Number.isFinite(opts.budgetBytes) || opts.budgetBytes < 0) {
+    throw new TypeError(`Expected \`budgetBytes\` to be a number of bytes >= 0, got \`${String(opts.budgetBytes)}\``);
+  }
+  const { docker, redis, prefix, log } = deps;
+  const { minIdleMs = 600_000, callTimeoutMs = 30_000 } = opts;
+  const now = opts.nowMs ?? Date.now();
+  const call = { timeoutMs: callTimeoutMs };
+  const engine = await engineId(docker, call);
+  const lastUsedKey = envLastUsedKey(prefix, engine);
+  // The engine's disk usage answer has each image's shared size (the image list of API 1.41 does not).
+  const df = await dockerCall('disk usage', call, (abortSignal) => (docker.df as (o: object) => Promise<{ Images?: DfImage[] | null }>).call(docker, { abortSignal }));
+  const lastUsed = await redis.hgetall(lastUsedKey);
+  const candidates: Candidate[] = [];
+  for (const img of df.Images ?? []) {
+    if (img.Labels?.[LABEL.envPrefix] !== prefix) continue;
+    const digest = img.Labels[LABEL.envDigest] ?? '';
+    const bytes = Math.max(0, img.SharedSize >= 0 ? img.Size - img.SharedSize : img.Size);
+    for (const tag of img.RepoTags ?? []) {
+      if (!tag.startsWith(`${ENV_IMAGE_REPOSITORY}:`)) continue;
+      const built = Date.parse(img.Labels[LABEL.envBuiltAt] ?? '') || img.Created * 1000;
+      candidates.push({ tag, digest, bytes, lastUsed: Number(lastUsed[tag] ?? 0) || built });
+      break; // one tag per image: its bytes are counted once
+    }
+  }
+  candidates.sort((a, b) => a.lastUsed - b.lastUsed);
+  let total = candidates.reduce((sum, c) => sum + c.bytes, 0);
+  const removed: string[] = [];
+  let freedBytes = 0;
+
+  for (const c of candidates) {
+    if (total <= opts.budgetBytes) break;
+    if (now - c.lastUsed < minIdleMs) break; // the rest are more recent still
+    // The build lock keeps a builder of the same digest out while we decide and remove.
+    const lock = c.digest ? await tryLock(redis, envBuildLockKey(prefix, engine, c.digest), { ttlMs: 30_000 }) : undefined;
+    if (c.digest && !lock) continue;
+    try {
+      // Asked for since we listed (or the image was built again): keep it.
+      const fresh = Number((await redis.hget(lastUsedKey, c.tag)) ?? 0) || c.lastUsed;
+      if (now - fresh < minIdleMs) continue;
+      try {
+        // Not forced: an image a container still uses (running or not) answers 409 and stays.
+        await dockerCall('remove image', call, (abortSignal) => docker.getImage(c.tag).remove({ abortSignal } as object));
+      } catch (err) {
+        const status = dockerStatusOf(err);
+        if (status === 409) continue;
+        if (status !== 404) throw err;
+      }
+      await redis.hdel(lastUsedKey, c.tag);
+      total -= c.bytes;
+      freedBytes += c.bytes;
+      removed.push(c.tag);
+      log.info({ image: c.tag, bytes: c.bytes, idleMs: now - c.lastUsed }, 'least recently used environment image removed');
+    } finally {
+      await lock?.release();
+    }
+  }
+  return { removed, freedBytes, keptBytes: total };
+}
