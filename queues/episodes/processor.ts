@@ -6,7 +6,7 @@ import { WaitingError, type Job } from 'bullmq';
 import { describeIssues } from '../../src/config/zod-issues.ts';
 import type { FleetError } from '../../src/errors/fleet-error.ts';
 import { resultWithoutRun } from '../../src/episode/episode-result.ts';
-import type { RunningEpisodes } from '../../src/episode/running-episodes.ts';
+import type { EpisodePhase, RunningEpisodes } from '../../src/episode/running-episodes.ts';
 import type { EpisodeDeps } from '../../src/episode/episode-attempt.ts';
 import { runEpisode } from '../../src/episode/run-episode.ts';
 import { Deadline, PhaseTimeout, untilAborted } from '../../src/deadlines/deadline.ts';
@@ -86,7 +86,10 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
     const { episodeId, batchId } = parsed.data;
     const episodeSignal = deps.running.start(episodeId, signal, { batchId, taskId: parsed.data.task.id });
     // The set-up reserve starts at pick-up: the Redis steps here count against it like the set-up's own.
-    const setUp = new Deadline('set-up', parsed.data.task.reserves.setupSec * 1000, episodeSignal);
+    // A Harbor environment the engine lacks is built in set-up: its build_timeout_sec is set-up time
+    // on top of the reserve (never the agent's: the agent's ceiling does not depend on set-up's length).
+    const { task } = parsed.data;
+    const setUp = new Deadline('set-up', (task.reserves.setupSec + (task.harbor?.build?.timeoutSec ?? 0)) * 1000, episodeSignal);
     try {
       let attempt: number | undefined;
       try {
@@ -121,7 +124,7 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
           attempt = await deps.evidence.unusedAttempt(episodeId, Math.max(1, job.attemptsStarted));
         }
       }
-      const onPhase = (phase: 'agent' | 'verify' | 'close') => deps.running.setPhase(episodeId, episodeSignal, phase);
+      const onPhase = (phase: EpisodePhase) => deps.running.setPhase(episodeId, episodeSignal, phase);
       const outcome = await runEpisode({ job: parsed.data, attempt, signal: episodeSignal, setUp, onPhase }, deps);
       if (outcome.handBack) {
         // Draining: back to the queue now, for another worker, without waiting for a stall timeout.

@@ -82,7 +82,8 @@ async function collectEvidence(
   closed: Closed,
 ): Promise<void> {
   const { job } = attempt;
-  const { task } = job;
+  // The task as set-up resolved it (a Harbor task's workdir may be its image's).
+  const task = trail.setUp.task ?? job.task;
   const { evidence, log } = deps;
   const { proxy, archive } = trail.setUp;
   const { session } = trail.lease;

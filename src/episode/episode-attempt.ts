@@ -22,6 +22,9 @@ import type { ExecResult, SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
 import type { EnvironmentLease } from '../sandbox/environment-lease.ts';
 import type { EpisodeControl } from './episode-control.ts';
+import type { EpisodePhase } from './running-episodes.ts';
+import type { TaskImage } from '../environments/task-environment.ts';
+import type { TaskSpec } from '../tasks/task-spec.ts';
 
 export interface EpisodeDeps {
   docker: Docker;
@@ -75,8 +78,8 @@ export interface EpisodeAttempt {
   signal: AbortSignal;
   /** The set-up phase's deadline, started by the caller at pick-up; the caller disposes it. */
   setUp: Deadline;
-  /** Told when the attempt enters the agent, verify and close phases (set-up is from pick-up). */
-  onPhase?: (phase: 'agent' | 'verify' | 'close') => void;
+  /** Told when the attempt enters a phase (set-up is from pick-up; build while it waits for its image, then set-up again). */
+  onPhase?: (phase: EpisodePhase) => void;
 }
 
 export interface EpisodeOutcome {
@@ -97,6 +100,10 @@ export interface SetUpResult {
   proxy: ModelProxy | undefined;
   /** The image the sandbox runs, as the engine named it (provenance). */
   imageId: string | undefined;
+  /** Where the image came from (a Harbor task's may have been built for it). */
+  image: TaskImage;
+  /** The job's task with what the image decided filled in: the image run, the workdir (a Harbor task's may be the image's). */
+  task: TaskSpec;
 }
 
 /**
@@ -125,6 +132,6 @@ export interface AttemptTrail {
 }
 
 /** How set-up, agent and verification ended, before close. */
-export type Graded = { status: EpisodeResult['status']; reward: number | null; error?: FleetError; stop?: StopReason };
+export type Graded = { status: EpisodeResult['status']; reward: number | null; metrics?: Record<string, number>; error?: FleetError; stop?: StopReason };
 
 export const msSince = (t: number) => Math.round(performance.now() - t);

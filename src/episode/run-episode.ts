@@ -66,10 +66,13 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, trail:
 
   let made;
   let resumed;
+  // From set-up on, the phases see the task as its image decided it (the image run, the workdir).
+  let ran = attempt;
   try {
     made = await setUp(attempt, deps, trail, attempt.setUp);
+    ran = made.task === job.task ? attempt : { ...attempt, job: { ...job, task: made.task } };
     // A retried llm episode continues from its latest durable checkpoint, workspace included.
-    resumed = job.agent.kind === 'llm' ? await resumePoint(attempt, deps, made.session, attempt.setUp) : undefined;
+    resumed = job.agent.kind === 'llm' ? await resumePoint(ran, deps, made.session, attempt.setUp) : undefined;
     if (resumed) trail.resumedFrom = resumed.seq;
   } finally {
     // From pick-up: the processor's Redis steps count against the reserve too.
@@ -79,7 +82,7 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, trail:
   deps.log.info({ containerId: session.containerId, setupMs: timings.setupMs, runtime: runtime.generationId.slice(0, 12), warm: runtime.warm }, 'sandbox ready');
 
   attempt.onPhase?.('agent');
-  const agentRun = await runAgent(attempt, deps, made, session, trail, resumed?.agent);
+  const agentRun = await runAgent(ran, deps, made, session, trail, resumed?.agent);
   trail.agentRun = agentRun;
   timings.agentMs = agentRun.durationMs;
   deps.log.info({ exitCode: agentRun.exitCode, timedOut: agentRun.timedOut, agentMs: agentRun.durationMs }, 'agent stopped');
@@ -88,7 +91,7 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, trail:
   const tVerify = performance.now();
   attempt.onPhase?.('verify');
   try {
-    return await verify(attempt, deps, made, session, trail, agentRun);
+    return await verify(ran, deps, made, session, trail, agentRun);
   } finally {
     timings.verifyMs = msSince(tVerify);
   }
@@ -105,7 +108,8 @@ function assembleResult(
   startedAt: Date,
 ): EpisodeResult {
   const { lease } = trail;
-  const { runtime, imageId } = trail.setUp;
+  const { runtime, imageId, image, task: ranTask } = trail.setUp;
+  const harbor = attempt.job.task.harbor;
   const { agentRun, verifyRun, resumedFrom } = trail;
   const { job } = attempt;
   const { error } = graded;
@@ -117,10 +121,21 @@ function assembleResult(
     status: graded.status,
     ...(error && { error: { kind: error.outcome.kind, code: error.code, message: error.message } }),
     reward: graded.reward,
+    ...(graded.metrics && { metrics: graded.metrics }),
     attempts: attempt.attempt,
     workerId,
     timings: trail.timings,
-    provenance: { taskDigest: job.taskDigest, image: job.task.image, ...(imageId && { imageId }), agent: job.agent },
+    provenance: {
+      taskDigest: job.taskDigest, image: ranTask?.image ?? job.task.image, ...(imageId && { imageId }), agent: job.agent,
+      ...(image && image.source !== 'image' && { environment: { source: image.source, ...(image.digest && { digest: image.digest }) } }),
+    },
+    // Every phase runs with network none whatever the task asked for: what it asked is kept beside it.
+    ...(harbor && {
+      network: {
+        agent: { requested: harbor.network.agent, applied: 'no-network' },
+        verifier: { requested: harbor.network.verifier, applied: 'no-network' },
+      },
+    }),
     ...(runtime && { runtime: { generationId: runtime.generationId, warm: runtime.warm, prepareMs: runtime.prepareMs } }),
     ...(lease.containerId !== undefined && { sandbox: { containerId: lease.containerId, pooled: lease.pooled } }),
     ...(agentRun && { agent: summary(agentRun) }),

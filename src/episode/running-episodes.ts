@@ -3,8 +3,8 @@
 // when it started, which the worker reports with its host facts (the dashboard's fleet page).
 import { EpisodeStop, type StopReason } from '../errors/episode-stop.ts';
 
-/** Where an attempt is: set-up (from pick-up), the agent, verification, close. */
-export const EPISODE_PHASES = ['setup', 'agent', 'verify', 'close'] as const;
+/** Where an attempt is: set-up (from pick-up), waiting for its environment's image build, the agent, verification, close. */
+export const EPISODE_PHASES = ['setup', 'build', 'agent', 'verify', 'close'] as const;
 export type EpisodePhase = (typeof EPISODE_PHASES)[number];
 
 export interface RunningEpisode {

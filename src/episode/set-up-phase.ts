@@ -14,10 +14,16 @@ import { removeEnvironment } from '../sandbox/environment-lease.ts';
 import { SANDBOX_USER, SandboxSession } from '../sandbox/sandbox-session.ts';
 import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
+import type { TaskArchive } from '../tasks/task-archive.ts';
+import type { TaskSpec } from '../tasks/task-spec.ts';
+import { effectiveWorkdir, resolveTaskImage } from '../environments/task-environment.ts';
+import { HARBOR_LOGS_SETUP, runHealthcheck } from './harbor-checks.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 
 /** What set-up uses of the worker's clients and stores. */
 export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool'>;
+
+const ROOT = { uid: 0, gid: 0 } as const;
 
 export async function setUp(
   attempt: EpisodeAttempt,
@@ -26,7 +32,6 @@ export async function setUp(
   deadline: Deadline,
 ): Promise<SetUpResult> {
   const { job } = attempt;
-  const { task } = job;
   const log = deps.log;
   const { lease } = trail;
   const made = trail.setUp;
@@ -34,11 +39,22 @@ export async function setUp(
   made.archive = archive;
   const runtime = await deadline.run('preparing the runtime generation', (signal) => deps.prepareRuntime(signal));
   made.runtime = runtime;
+  // A Harbor task's image: its docker_image when the engine has it, else its environment/ built here
+  // (once per engine and content; the episode says it waits for the build meanwhile).
+  const image = await deadline.run('preparing the environment image', (signal) => resolveTaskImage(deps, job.task, archive, {
+    signal,
+    onBuildWait: () => attempt.onPhase?.('build'),
+  }));
+  attempt.onPhase?.('setup');
+  made.image = image;
+  const task: TaskSpec = { ...job.task, image: image.image, workdir: effectiveWorkdir(job.task, image) };
+  made.task = task;
   const owner = { fleet: deps.prefix, episodeId: job.episodeId, batchId: job.batchId, workerId: deps.workerId, attempt: attempt.attempt };
   const poolSpec = { image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount] };
   // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
+  // (Not for a Harbor task: its sandbox keeps its image's ENTRYPOINT and user, which pooled ones do not.)
   const pool = deps.pool;
-  const claimed = pool?.enabled
+  const claimed = pool?.enabled && task.harbor === undefined
     ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal), (late) => {
       if (late === undefined) return;
       late.refill();
@@ -63,7 +79,10 @@ export async function setUp(
     }
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
-      { ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [] },
+      {
+        ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [],
+        ...(task.harbor && { harbor: { env: task.harbor.env, user: task.harbor.agentUser } }),
+      },
       // Registered as soon as the container exists, so close removes it even if set-up goes no further.
       (id) => lease.registerContainer(id),
       signal,
@@ -72,12 +91,31 @@ export async function setUp(
     if (claimed === undefined) lease.attach(session);
     const { imageId } = session;
     made.imageId = imageId;
-    const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
-    await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
-    return { archive, runtime, session, proxy, imageId };
+    if (task.harbor) await prepareHarborSandbox(task, archive, session, deadline);
+    else {
+      const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
+      await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
+    }
+    return { archive, runtime, session, proxy, imageId, image, task };
   } finally {
     claimed?.refill();
   }
+}
+
+/**
+ * A Harbor task's sandbox as Harbor leaves it for the agent: /logs/agent, /logs/verifier and
+ * /logs/artifacts writable by the agent's user, environment/'s files in the workdir when the task
+ * has only a docker_image, and its healthcheck passed.
+ */
+async function prepareHarborSandbox(task: TaskSpec, archive: TaskArchive, session: SandboxSession, deadline: Deadline): Promise<void> {
+  const harbor = task.harbor!;
+  const logs = await deadline.run('making /logs', (signal) => session.exec(HARBOR_LOGS_SETUP, { timeoutMs: deadline.remainingMs, capBytes: 4096, user: '0', workdir: '/', signal }));
+  if (logs.exitCode !== 0) throw new FleetError('docker_error', `making /logs in the sandbox failed (exit ${logs.exitCode}): ${logs.stderr.text.slice(0, 300)}`);
+  if (harbor.uploadEnvironment && archive.has('environment')) {
+    const files = await archive.partAsTar('environment', task.workdir, ROOT);
+    await deadline.run('copying environment/ into the workdir', (signal) => session.putArchive(files, '/', signal));
+  }
+  if (harbor.healthcheck) await deadline.run('waiting for the healthcheck', (signal) => runHealthcheck(session, harbor.healthcheck!, signal));
 }
 
 /** Where the proxy's socket goes when the sandbox is the episode's own: a short folder of the attempt. */

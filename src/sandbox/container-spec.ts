@@ -26,7 +26,23 @@ export interface SessionSpec {
   mounts?: VolumeMount[];
   /** Host folders bind-mounted read-only at the same path (the model proxy's socket folder). @default [] */
   bindFolders?: string[];
+  /**
+   * A Harbor task's sandbox: the image's ENTRYPOINT and USER kept, the keep-alive its command, the
+   * task's environment in the container's, and Docker's default capabilities minus those no task needs
+   * (tasks expect a root shell). Every exec runs `bash -c`, as `user` (unset: the image's USER).
+   */
+  harbor?: { env: Record<string, string>; user?: string | undefined };
 }
+
+/**
+ * What a root agent of a Harbor task keeps of Docker's default capabilities: owning, reading and
+ * writing any file, setting ids (apt, su), signalling, binding low ports. Dropped: NET_RAW, MKNOD,
+ * AUDIT_WRITE, SETFCAP, SETPCAP and SYS_CHROOT, which no task of a no-network sandbox needs.
+ */
+export const HARBOR_CAPABILITIES = ['CHOWN', 'DAC_OVERRIDE', 'FOWNER', 'FSETID', 'KILL', 'SETGID', 'SETUID', 'NET_BIND_SERVICE'] as const;
+
+/** Harbor's keep-alive (its compose files' `command`), the argument of the image's ENTRYPOINT when it has one. */
+export const HARBOR_KEEP_ALIVE = ['sh', '-c', 'sleep infinity'] as const;
 
 /** A fresh container name: the pool's worker or the episode and attempt, and a random tail. */
 export function containerName(spec: SessionSpec): string {
@@ -46,23 +62,31 @@ export function hardenedCreateOptions(
   name: string,
   storageOpt: Record<string, string> | undefined,
 ): Docker.ContainerCreateOptions {
-  const { limits, owner } = spec;
+  const { limits, owner, harbor } = spec;
   const memoryBytes = limits.memoryMb * 1024 * 1024;
+  const process = harbor
+    // As Harbor runs it: the image's ENTRYPOINT (often a script starting the task's services) and
+    // USER, the keep-alive as the command, the image's environment with the task's over it.
+    ? { Cmd: [...HARBOR_KEEP_ALIVE], Env: Object.entries(harbor.env).map(([k, v]) => `${k}=${v}`) }
+    : {
+      Cmd: ['sleep', '2147483647'],
+      // The container's own processes (the engine's init, which reaps orphans, and its sleep) run as
+      // root, without capabilities: the sandbox user cannot signal them, so no agent can stop its
+      // sandbox or leave zombies holding its pids. Everything the session starts runs as SANDBOX_USER.
+      User: '0:0',
+      Env: ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'HOME=/tmp'],
+    };
   return {
     name,
     Image: imageId,
-    Cmd: ['sleep', '2147483647'],
-    // The container's own processes (the engine's init, which reaps orphans, and its sleep) run as
-    // root, without capabilities: the sandbox user cannot signal them, so no agent can stop its
-    // sandbox or leave zombies holding its pids. Everything the session starts runs as SANDBOX_USER.
-    User: '0:0',
+    ...process,
     WorkingDir: spec.workdir,
-    Env: ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'HOME=/tmp'],
     Labels: spec.pooled ? pooledLabels(owner.fleet, owner.workerId) : sandboxLabels(owner),
     NetworkDisabled: true,
     HostConfig: {
       NetworkMode: 'none',
       CapDrop: ['ALL'],
+      ...(harbor && { CapAdd: [...HARBOR_CAPABILITIES] }),
       SecurityOpt: ['no-new-privileges'],
       Memory: memoryBytes,
       MemorySwap: memoryBytes,

@@ -23,6 +23,10 @@ export interface ExecTarget {
   containerId: string;
   /** Where a command runs when it names no workdir of its own. */
   workdir: string;
+  /** Who runs a command that names no user of its own ('' is the image's USER). @default SANDBOX_USER */
+  user?: string;
+  /** What runs each command: `sh -c` (the fleet's tasks) or `bash -c` (Harbor's). @default ['sh', '-c'] */
+  shell?: readonly string[];
 }
 
 export interface ExecOptions {
@@ -32,6 +36,8 @@ export interface ExecOptions {
   capBytes: number;
   workdir?: string;
   env?: Record<string, string>;
+  /** The user to run as ('' is the image's USER). @default the target's user */
+  user?: string;
   signal?: AbortSignal;
   /** Sees every stdout chunk as it arrives, before capping (an agent's event stream). */
   onStdout?: (chunk: Buffer) => void;
@@ -83,7 +89,7 @@ export async function execIn(target: ExecTarget, command: string, opts: ExecOpti
   const aborted = first === 'stopped' && opts.signal?.aborted === true;
   const timedOut = first === 'stopped' && !aborted;
   if (first === 'stopped') {
-    await stopProcesses(target, ended);
+    await stopProcesses(target, ended, opts.user);
     stream.destroy();
   }
   let exitCode: number | null = null;
@@ -148,17 +154,17 @@ export async function startBackgroundIn(
 async function startExec(
   target: ExecTarget,
   command: string,
-  opts: { workdir?: string | undefined; env?: Record<string, string> | undefined; signal?: AbortSignal | undefined },
+  opts: { workdir?: string | undefined; env?: Record<string, string> | undefined; user?: string | undefined; signal?: AbortSignal | undefined },
 ) {
   const call = { timeoutMs: target.callTimeoutMs, signal: opts.signal };
   const exec = await dockerCall('create exec', call, (abortSignal) =>
     target.container.exec({
-      Cmd: ['sh', '-c', command],
+      Cmd: [...(target.shell ?? ['sh', '-c']), command],
       AttachStdout: true,
       AttachStderr: true,
       AttachStdin: false,
       Tty: false,
-      User: SANDBOX_USER_SPEC,
+      User: opts.user ?? target.user ?? SANDBOX_USER_SPEC,
       WorkingDir: opts.workdir ?? target.workdir,
       Env: Object.entries(opts.env ?? {}).map(([k, v]) => `${k}=${v}`),
       abortSignal,
@@ -171,20 +177,20 @@ async function startExec(
 }
 
 /** TERM every process of the sandbox user, then KILL what is left after a grace period. */
-async function stopProcesses(target: ExecTarget, ended: Promise<void>): Promise<void> {
+async function stopProcesses(target: ExecTarget, ended: Promise<void>, user: string | undefined): Promise<void> {
   for (const sig of ['TERM', 'KILL'] as const) {
-    await signalAll(target, sig);
+    await signalAll(target, sig, user);
     const grace = new Promise<'grace'>((resolve) => setTimeout(resolve, KILL_GRACE_MS, 'grace').unref());
     if ((await Promise.race([ended.then(() => 'ended' as const), grace])) === 'ended') return;
   }
   target.log.warn({ containerId: target.containerId }, 'process tree still attached after KILL');
 }
 
-async function signalAll(target: ExecTarget, sig: 'TERM' | 'KILL', signal?: AbortSignal): Promise<void> {
+async function signalAll(target: ExecTarget, sig: 'TERM' | 'KILL', user: string | undefined, signal?: AbortSignal): Promise<void> {
   const call = { timeoutMs: target.callTimeoutMs, signal };
   try {
     const exec = await dockerCall('create kill exec', call, (abortSignal) =>
-      target.container.exec({ Cmd: ['kill', `-${sig}`, '-1'], User: SANDBOX_USER_SPEC, AttachStdout: true, AttachStderr: true, abortSignal } as never),
+      target.container.exec({ Cmd: ['kill', `-${sig}`, '-1'], User: user ?? target.user ?? SANDBOX_USER_SPEC, AttachStdout: true, AttachStderr: true, abortSignal } as never),
     );
     const stream = (await dockerCall('start kill exec', call, (abortSignal) =>
       exec.start({ hijack: true, stdin: false, abortSignal } as Docker.ExecStartOptions),

@@ -230,7 +230,12 @@ export class SandboxSession {
 
   private execTarget(): ExecTarget {
     const { docker, log, callTimeoutMs } = this.deps;
-    return { docker, log, callTimeoutMs, container: this.container, containerId: this.containerId, workdir: this.spec.workdir };
+    const harbor = this.spec.harbor;
+    return {
+      docker, log, callTimeoutMs, container: this.container, containerId: this.containerId, workdir: this.spec.workdir,
+      // A Harbor task's commands: `bash -c`, as its user or the image's (''), as Harbor runs them.
+      ...(harbor && { user: harbor.user ?? '', shell: ['bash', '-c'] }),
+    };
   }
 
   /** Remove the container (and its anonymous volumes). Idempotent: a container already gone counts as removed. */

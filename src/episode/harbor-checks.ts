@@ -1,0 +1,53 @@
+// The steps a Harbor task adds to an episode, in its sandbox: the /logs folders Harbor's tasks write
+// to, the task's healthcheck before the agent, and /logs/verifier emptied right before the tests (so
+// a reward file the agent planted never counts). Each step is one exec, run as root where it must be
+// (the agent's user may not own /logs), bounded by its own timeout.
+import { FleetError } from '../errors/fleet-error.ts';
+import { shellQuote } from '../files/shell-quote.ts';
+import type { SandboxSession } from '../sandbox/sandbox-session.ts';
+import type { HarborRun } from '../tasks/task-spec.ts';
+
+/** /logs/{agent,verifier,artifacts}, writable by whoever the agent runs as (Harbor bind-mounts them from its host). */
+export const HARBOR_LOGS_SETUP = 'mkdir -p /logs/agent /logs/verifier /logs/artifacts && chmod 777 /logs /logs/agent /logs/verifier /logs/artifacts';
+
+/**
+ * /logs/verifier emptied and made again, as root, after the agent's processes are gone: whatever the
+ * agent left there (a reward file, a link elsewhere in its place) is removed, not followed.
+ */
+export const HARBOR_VERIFIER_RESET = 'rm -rf /logs/verifier && mkdir -p /logs/verifier && chmod 777 /logs/verifier';
+
+/** A command's own time limit inside the sandbox, so that stopping it never stops the sandbox's other processes. */
+function bounded(command: string, timeoutSec: number): string {
+  return `timeout -k 2 ${Math.max(1, Math.ceil(timeoutSec))} bash -c ${shellQuote(command)}`;
+}
+
+const sleep = (ms: number, signal: AbortSignal) => new Promise<void>((resolve, reject) => {
+  const timer = setTimeout(resolve, ms);
+  signal.addEventListener('abort', () => {
+    clearTimeout(timer);
+    reject(signal.reason);
+  }, { once: true });
+});
+
+/**
+ * Harbor's healthcheck (H:environments/base.py): the command is run until it exits 0; failures
+ * during the start period do not count; `retries` failures in a row after it end the episode as
+ * `healthcheck_failed`, never a reward. Checks run every interval (every start interval during the
+ * start period), each bounded by its timeout.
+ */
+export async function runHealthcheck(session: SandboxSession, check: NonNullable<HarborRun['healthcheck']>, signal: AbortSignal): Promise<void> {
+  const started = performance.now();
+  let failures = 0;
+  let last = '';
+  for (;;) {
+    const run = await session.exec(bounded(check.command, check.timeoutSec), { timeoutMs: (check.timeoutSec + 5) * 1000, capBytes: 4096, signal });
+    if (run.exitCode === 0) return;
+    signal.throwIfAborted();
+    last = `exit ${run.exitCode}${run.exitCode === 124 ? ' (past its timeout_sec)' : ''}`;
+    const inStartPeriod = performance.now() - started < check.startPeriodSec * 1000;
+    if (!inStartPeriod && ++failures >= check.retries) {
+      throw new FleetError('healthcheck_failed', `the task's [environment.healthcheck] failed ${failures} times in a row (last: ${last}): its environment did not come up`);
+    }
+    await sleep((inStartPeriod ? check.startIntervalSec : check.intervalSec) * 1000, signal);
+  }
+}
