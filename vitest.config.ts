@@ -24,7 +24,8 @@ export const STRESS_FILES = [
 /** What the files on services share: dist/ built first, two workers on 2 cores. */
 const services = {
   // Tests start the compiled CLI (dist/) as a process: compile it first, incrementally.
-  globalSetup: ['test/helpers/build-dist.ts'],
+  // Then the runtime generations every file's workers share, installed once (test/helpers/shared-runtime.ts).
+  globalSetup: ['test/helpers/build-dist.ts', 'test/helpers/shared-runtime.ts'],
   testTimeout: 120_000,
   hookTimeout: 60_000,
   // Each file starts its own redis-server, and all share one Docker engine on 2 cores. Integration and

@@ -2,7 +2,7 @@
 // s3rver behind a loopback proxy) against the folder store, in the same run. Figures, not pass/fail.
 //  1. Checkpoints: `--checkpoints` writes, one after the other, of a ~50 KB JSON checkpoint and a 256 KB
 //     workspace tar, through ObjectCheckpointStore (S3 + the Redis pointer) and through the folder
-//     CheckpointStore; rounds interleaved so both see the same background load. Per write: the time
+//     FolderCheckpointStore; rounds interleaved so both see the same background load. Per write: the time
 //     until write() resolves (the checkpoint is durable and the newest). p50, p99 and the ratio.
 //  2. Evidence: an attempt's folder of realistic size (20 files, 2 MB in all, plus a workspace snapshot
 //     of 200 small files) published with EvidencePublisher to S3 and to a folder store elsewhere; rounds
@@ -21,7 +21,7 @@ import { S3Store } from '../src/artifacts/s3-store.ts';
 import { tarBuffer } from '../src/archive/tar-buffer.ts';
 import type { Checkpoint } from '../src/checkpoints/checkpoint.ts';
 import type { CheckpointStorage } from '../src/checkpoints/checkpoint-storage.ts';
-import { CheckpointStore } from '../src/checkpoints/checkpoint-store.ts';
+import { FolderCheckpointStore } from '../src/checkpoints/folder-checkpoint-store.ts';
 import { ObjectCheckpointStore } from '../src/checkpoints/object-checkpoint-store.ts';
 import { startPrivateRedis } from '../src/cli/private-redis.ts';
 import { EvidencePublisher } from '../src/evidence/publish-evidence.ts';
@@ -88,7 +88,7 @@ try {
   // ---- 1. checkpoints -----------------------------------------------------------------------------
   const stores: { label: string; store: CheckpointStorage; latencies: number[] }[] = [
     { label: 'checkpoint, S3 store', store: new ObjectCheckpointStore(s3Store, client, 'bench'), latencies: [] },
-    { label: 'checkpoint, folder store', store: new CheckpointStore(path.join(root, 'cp-folder')), latencies: [] },
+    { label: 'checkpoint, folder store', store: new FolderCheckpointStore(new FolderStore(path.join(root, 'cp-folder'))), latencies: [] },
   ];
   // One warm-up write each (connections, folders), not counted.
   for (const s of stores) await s.store.write(checkpointOf('warm-up', 0, workspace.length), workspace);

@@ -1,5 +1,5 @@
 // What the episode, the checkpoint writer and the results need of durable checkpoints, whichever
-// store holds them: a folder (checkpoint-store.ts, the default) or an object store shared by every
+// store holds them: a folder (folder-checkpoint-store.ts, the default) or an object store shared by every
 // host (object-checkpoint-store.ts). A retry on any host reads what any host's writer wrote.
 import type { Readable } from 'node:stream';
 import type { Checkpoint } from './checkpoint.ts';
@@ -42,4 +42,21 @@ export interface CheckpointStorage {
   seqs(episodeId: string): Promise<number[]>;
   /** Remove every checkpoint of the episode. */
   remove(episodeId: string): Promise<void>;
+}
+
+/**
+ * The checkpoint `pointer` names (latest.json, or the Redis pointer), or, without one or when its seq is
+ * gone, the newest seq still readable: the writer died before publishing, or the pointed-at seq was
+ * pruned between reading the pointer and reading it. Shared by both stores.
+ */
+export async function pointedOrNewest(storage: Pick<CheckpointStorage, 'read' | 'seqs'>, episodeId: string, pointer: number | undefined): Promise<StoredCheckpoint | undefined> {
+  if (pointer !== undefined) {
+    const found = await storage.read(episodeId, pointer);
+    if (found) return found;
+  }
+  for (const seq of (await storage.seqs(episodeId)).reverse()) {
+    const found = await storage.read(episodeId, seq);
+    if (found) return found;
+  }
+  return undefined;
 }

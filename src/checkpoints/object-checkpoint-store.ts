@@ -9,7 +9,7 @@ import type { ArtifactStore } from '../artifacts/artifact-store.ts';
 import { luaScript } from '../redis/lua-script.ts';
 import { checkpointLatestKey } from '../redis/redis-keys.ts';
 import { CHECKPOINT_JSON, Checkpoint, WORKSPACE_TAR, seqFolderName } from './checkpoint.ts';
-import type { CheckpointStorage, CheckpointWriteResult, StoredCheckpoint } from './checkpoint-storage.ts';
+import { pointedOrNewest, type CheckpointStorage, type CheckpointWriteResult, type StoredCheckpoint } from './checkpoint-storage.ts';
 
 /** Longest a checkpoint's Redis pointer outlives its last update (the longest episode deadline and then some). */
 const POINTER_TTL_SEC = 8 * 24 * 3600;
@@ -73,15 +73,7 @@ export class ObjectCheckpointStore implements CheckpointStorage {
 
   async latest(episodeId: string): Promise<StoredCheckpoint | undefined> {
     const pointer = await this.redis.get(checkpointLatestKey(this.prefix, episodeId));
-    if (pointer !== null) {
-      const found = await this.read(episodeId, Number(pointer));
-      if (found) return found;
-    }
-    for (const seq of (await this.seqs(episodeId)).reverse()) {
-      const found = await this.read(episodeId, seq);
-      if (found) return found;
-    }
-    return undefined;
+    return pointedOrNewest(this, episodeId, pointer === null ? undefined : Number(pointer));
   }
 
   async read(episodeId: string, seq: number): Promise<StoredCheckpoint | undefined> {

@@ -132,6 +132,16 @@ export const FleetConfig = z.object({
   MODEL_TOKENS_PER_MINUTE: positiveInt.optional(),
   /** Runtime generations that no sandbox used for this long are removed by the reaper. @default 604800000 (7 days) */
   FLEET_RUNTIME_MAX_IDLE_MS: positiveInt.default(7 * 24 * 3600 * 1000),
+  /**
+   * An absolute folder where the patched copy of node (about 95 MB) is cached, shared by every data
+   * folder naming it. Unset: each data folder keeps its own in runtime-src/.
+   */
+  FLEET_RUNTIME_CACHE: z.string().refine((v) => path.isAbsolute(v), { message: 'expected an absolute folder' }).optional(),
+  /**
+   * Name runtime volumes after this instead of FLEET_PREFIX, so fleets on one engine share one volume
+   * per generation (the test suite, which installs it first). Unset: one volume per fleet.
+   */
+  FLEET_RUNTIME_SCOPE: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/).optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   /** Dashboard user for HTTP Basic auth; without it (and the password) only `--local-only` starts. */
   FLEET_DASHBOARD_USER: z.string().min(1).optional(),

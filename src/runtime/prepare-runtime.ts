@@ -20,8 +20,15 @@ import { discardVolume, installGeneration, runtimeVolumeName, volumeState, type 
 export interface RuntimeDeps {
   docker: Docker;
   redis: Redis;
-  /** The fleet's Redis key prefix: keys live under it and it is part of the volume name. */
+  /** The fleet's Redis key prefix: keys live under it and, unless `volumeScope` is set, it is part of the volume name. */
   prefix: string;
+  /**
+   * Name volumes (and label them) with this instead of the prefix, so fleets on one engine share one
+   * volume per generation (FLEET_RUNTIME_SCOPE). Their install locks live in each fleet's own Redis, so
+   * sharing is safe only when the volume is installed before they start (the test suite does that) or
+   * they share a Redis. Unset: one volume per fleet, installed under that fleet's lock.
+   */
+  volumeScope?: string;
   log: Logger;
 }
 
@@ -137,7 +144,7 @@ export async function prepareRuntime(deps: RuntimeDeps, inputs: RuntimeInputs, o
   engine.catch(() => undefined);
   const hashedInputs = await hashed(inputs);
   const { generationId } = hashedInputs;
-  const volumeName = runtimeVolumeName(deps.prefix, generationId);
+  const volumeName = runtimeVolumeName(deps.volumeScope ?? deps.prefix, generationId);
   const seen = perEngine(trustedReady, deps.docker).get(volumeName);
 
   let result: Installed;
@@ -188,7 +195,7 @@ async function ensureInstalled(
   const { callTimeoutMs = 30_000, timeoutMs = 300_000, helperImage = DEFAULT_IMAGE, lockTtlMs = 30_000, pollMs = 100, signal } = opts;
   const vdeps: VolumeDeps = { docker: deps.docker, log: deps.log, callTimeoutMs };
   const id = hashedInputs.generationId;
-  const ref = { volumeName, generationId: id, prefix: deps.prefix };
+  const ref = { volumeName, generationId: id, prefix: deps.volumeScope ?? deps.prefix };
   const key = runtimeLockKey(deps.prefix, await engineId(deps.docker, { timeoutMs: callTimeoutMs }), id);
   const deadline = Date.now() + timeoutMs;
   const log = deps.log.child({ generationId: id, volumeName });

@@ -13,6 +13,11 @@ export interface RuntimePreparerOptions extends RuntimeDeps {
    * sandbox programs: the runtime does not know the agents it carries).
    */
   extraFiles: (cacheDir: string) => Promise<ExtraFile[]>;
+  /**
+   * Where the patched node binary is cached (FLEET_RUNTIME_CACHE), shared by every data folder that
+   * names it. @default the data folder's `runtime-src`
+   */
+  runtimeCacheDir?: string;
   /** Deadline of each Docker call of a preparation. */
   callTimeoutMs: number;
 }
@@ -26,11 +31,13 @@ export interface RuntimePreparer {
 
 export function runtimePreparer(opts: RuntimePreparerOptions): RuntimePreparer {
   const { docker, redis, prefix, log, callTimeoutMs } = opts;
-  const deps: RuntimeDeps = { docker, redis, prefix, log };
+  const deps: RuntimeDeps = { docker, redis, prefix, log, ...(opts.volumeScope !== undefined && { volumeScope: opts.volumeScope }) };
   const cacheDir = path.join(opts.dataDir, 'runtime-src');
+  // The sandbox programs stay in the data folder (small, bundled per build); the ~95 MB node copy may be shared.
+  const nodeCacheDir = opts.runtimeCacheDir ?? cacheDir;
   let inputs: Promise<RuntimeInputs> | undefined;
   const runtimeInputs = () => {
-    inputs ??= (async () => defaultRuntimeInputs(await opts.extraFiles(cacheDir), { cacheDir }))();
+    inputs ??= (async () => defaultRuntimeInputs(await opts.extraFiles(cacheDir), { cacheDir: nodeCacheDir }))();
     inputs.catch(() => (inputs = undefined));
     return inputs;
   };

@@ -84,6 +84,14 @@ export interface WorkerOptions {
   model?: ModelSettings;
   /** Runtime generations no sandbox used for this long are removed by the reaper. @default 7 days */
   runtimeMaxIdleMs?: number;
+  /** Where the patched node of the runtime is cached, for many data folders (FLEET_RUNTIME_CACHE). @default <dataDir>/runtime-src */
+  runtimeCacheDir?: string;
+  /**
+   * Runtime volumes are named after this instead of the prefix, shared by every fleet naming it
+   * (FLEET_RUNTIME_SCOPE; see RuntimeDeps.volumeScope). The reaper removes only the prefix's own.
+   * @default the prefix: one volume per fleet
+   */
+  runtimeVolumeScope?: string;
   /** Checkpoints kept per episode by this process's checkpoint writer. @default 5 */
   checkpointKeep?: number;
   /** Where checkpoints and evidence go for every host to read (FLEET_ARTIFACTS). @default the data folder */
@@ -149,7 +157,10 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
 
   const results = new ResultsStore(connection, prefix, opts.dataDir);
   // Every generation carries the bundled sandbox programs (the reference agent, the model forwarder).
-  const runtime = runtimePreparer({ docker, redis: connection, prefix, log, dataDir: opts.dataDir, callTimeoutMs: opts.callTimeoutMs, extraFiles: sandboxPrograms });
+  const runtime = runtimePreparer({ docker, redis: connection, prefix, log, dataDir: opts.dataDir, callTimeoutMs: opts.callTimeoutMs, extraFiles: sandboxPrograms,
+    ...(opts.runtimeCacheDir !== undefined && { runtimeCacheDir: opts.runtimeCacheDir }),
+    ...(opts.runtimeVolumeScope !== undefined && { volumeScope: opts.runtimeVolumeScope }),
+  });
   // Warm the runtime generation now, so the first episodes do not pay its install in their set-up.
   const warmUp = runtime.prepare().then(() => undefined, (err: unknown) => log.warn({ err: String(err) }, 'runtime generation not prepared at start; episodes will try again'));
   const checkpointsQueue = new Queue(CHECKPOINTS_QUEUE, { connection, prefix });

@@ -26,6 +26,13 @@ export const BIN = path.join(ROOT, 'dist/src/cli/bin.js');
 export const EXAMPLES = path.join(ROOT, 'examples');
 export const docker = createDocker(process.env.DOCKER_HOST ?? 'unix:///var/run/docker.sock');
 export const silentLog = pino({ level: process.env.TEST_LOG_LEVEL ?? 'silent' });
+/**
+ * The suite's workers share one patched node (FLEET_RUNTIME_CACHE) and one runtime volume per
+ * generation (FLEET_RUNTIME_SCOPE), installed once before any file (test/helpers/shared-runtime.ts),
+ * instead of a 95 MB copy per data folder and an install per prefix. Kept between runs.
+ */
+export const SHARED_RUNTIME_CACHE = path.join(os.tmpdir(), 'rf-test-runtime-cache');
+export const SHARED_RUNTIME_SCOPE = 'rf-test-shared';
 
 /** Poll `check` until it returns a truthy value; fail with `what` after `timeoutMs`. */
 export async function waitFor<T>(what: string, check: () => Promise<T | undefined | false>, timeoutMs = 60_000, everyMs = 100): Promise<T> {
@@ -79,6 +86,7 @@ export async function fleetEnvOn(redis: PrivateRedis, opts: { prefix?: string; d
   // engine is slow enough to be cut to one episode at a time, and tests count on the slots they asked for.
   const env = {
     ...process.env, REDIS_URL: redis.url, FLEET_PREFIX: prefix, FLEET_DATA_DIR: dataDir, FLEET_SANDBOX_POOL: '0', FLEET_WORKER_AUTOTUNE: 'false',
+    FLEET_RUNTIME_CACHE: SHARED_RUNTIME_CACHE, FLEET_RUNTIME_SCOPE: SHARED_RUNTIME_SCOPE,
     LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'warn',
   };
   const episodes = new Queue(EPISODES_QUEUE, { connection: client, prefix });
@@ -104,7 +112,7 @@ export async function fleetEnvOn(redis: PrivateRedis, opts: { prefix?: string; d
       // set-up, just before the test ended): in a fleet the reaper takes them; here nobody would.
       const left = await docker.listContainers({ all: true, filters: { label: [`${LABEL.fleet}=${prefix}`] } });
       await Promise.all(left.map((c) => docker.getContainer(c.Id).remove({ force: true }).catch(() => undefined)));
-      // Runtime generations are installed per fleet prefix; this test's are not wanted by anyone.
+      // Runtime generations a worker installed for this prefix (one started without the shared scope).
       const { Volumes } = await docker.listVolumes({ filters: { label: [`${LABEL.prefix}=${prefix}`] } });
       await Promise.all((Volumes ?? []).map((v) => docker.getVolume(v.Name).remove().catch(() => undefined)));
       // env.redis, not the first one: a test may have restarted Redis on the same port.
@@ -206,6 +214,7 @@ export function startEnvWorker(env: FleetEnv, workerId: string, overrides: Parti
   return startWorker({
     redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir, docker, log: silentLog,
     workerId, concurrency: 2, callTimeoutMs: 30_000, outputCapBytes: 64 * 1024,
+    runtimeCacheDir: SHARED_RUNTIME_CACHE, runtimeVolumeScope: SHARED_RUNTIME_SCOPE,
     ...overrides,
   });
 }

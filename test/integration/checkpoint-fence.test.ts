@@ -11,7 +11,7 @@ import { checkpointProcessor } from '../../queues/checkpoints/processor.ts';
 import { FolderStore } from '../../src/artifacts/folder-store.ts';
 import { Checkpoint, CheckpointOffer } from '../../src/checkpoints/checkpoint.ts';
 import type { CheckpointStorage } from '../../src/checkpoints/checkpoint-storage.ts';
-import { CheckpointStore } from '../../src/checkpoints/checkpoint-store.ts';
+import { FolderCheckpointStore } from '../../src/checkpoints/folder-checkpoint-store.ts';
 import { newStagedKey, stageCheckpoint } from '../../src/checkpoints/checkpoint-staging.ts';
 import { ObjectCheckpointStore } from '../../src/checkpoints/object-checkpoint-store.ts';
 import { checkpointFenceKey } from '../../src/redis/redis-keys.ts';
@@ -26,7 +26,7 @@ describe.each(['folder', 'object'] as const)('checkpoint fence (%s store)', (kin
   beforeAll(async () => {
     env = await startFleetEnv();
     const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-fence-'));
-    store = kind === 'folder' ? new CheckpointStore(dir) : new ObjectCheckpointStore(new FolderStore(dir), env.client, env.prefix);
+    store = kind === 'folder' ? new FolderCheckpointStore(new FolderStore(dir)) : new ObjectCheckpointStore(new FolderStore(dir), env.client, env.prefix);
   });
   afterAll(async () => {
     await env?.close();

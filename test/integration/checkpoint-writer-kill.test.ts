@@ -12,7 +12,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CHECKPOINTS_QUEUE } from '../../queues/checkpoints/contract.ts';
 import { Checkpoint } from '../../src/checkpoints/checkpoint.ts';
 import { CheckpointSink } from '../../src/checkpoints/checkpoint-sink.ts';
-import { CheckpointStore } from '../../src/checkpoints/checkpoint-store.ts';
+import { FolderStore } from '../../src/artifacts/folder-store.ts';
+import { FolderCheckpointStore } from '../../src/checkpoints/folder-checkpoint-store.ts';
 import { BIN, silentLog, startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
 import { allStaged, offerOf, sha256, streamOf, workspaceTar } from '../helpers/checkpoints.ts';
 
@@ -58,7 +59,7 @@ describe('checkpoint writer killed mid-write', () => {
     if (env) await rm(env.dataDir, { recursive: true, force: true });
   });
 
-  const store = () => new CheckpointStore(env.dataDir);
+  const store = () => new FolderCheckpointStore(new FolderStore(env.dataDir));
   const temps = async () => (await Promise.all(EPISODES.map(async (e) =>
     (await readdir(store().folder(e)).catch(() => [] as string[])).filter((n) => n.startsWith('.tmp-'))))).flat();
 

@@ -14,7 +14,8 @@ import { CHECKPOINTS_QUEUE, checkpointJobId } from '../../queues/checkpoints/con
 import { collectBytes } from '../../src/archive/tar-buffer.ts';
 import type { Checkpoint } from '../../src/checkpoints/checkpoint.ts';
 import { CheckpointSink } from '../../src/checkpoints/checkpoint-sink.ts';
-import { CheckpointStore } from '../../src/checkpoints/checkpoint-store.ts';
+import { FolderStore } from '../../src/artifacts/folder-store.ts';
+import { FolderCheckpointStore } from '../../src/checkpoints/folder-checkpoint-store.ts';
 import { redisEpisodeLock } from '../../src/checkpoints/episode-lock.ts';
 import { startCheckpointWriter } from '../../src/worker/checkpoint-writer.ts';
 import { silentLog, startFleetEnv, waitFor, type FleetEnv } from '../helpers/fleet.ts';
@@ -98,7 +99,7 @@ describe('checkpoint pipeline', () => {
     expect(await queue.getWaitingCount()).toBe(episodes.length);
 
     writer(prefix, dataDir);
-    const store = new CheckpointStore(dataDir);
+    const store = new FolderCheckpointStore(new FolderStore(dataDir));
     for (const e of episodes) {
       const latest = await waitFor(`the newest checkpoint of ${e} on disk`, async () => store.latest(e), 30_000, 20);
       expect(latest.seq).toBe(N - 1);
@@ -117,8 +118,8 @@ describe('checkpoint pipeline', () => {
       workspace: { captured: false, reason: 'no snapshot offered' },
     });
     // Two stores = two writers sharing the folder, coordinated by the Redis lock.
-    const one = new CheckpointStore(dataDir, { keep: 3, lock: redisEpisodeLock(env.client, prefix) });
-    const two = new CheckpointStore(dataDir, { keep: 3, lock: redisEpisodeLock(env.client, prefix) });
+    const one = new FolderCheckpointStore(new FolderStore(dataDir), { keep: 3, lock: redisEpisodeLock(env.client, prefix) });
+    const two = new FolderCheckpointStore(new FolderStore(dataDir), { keep: 3, lock: redisEpisodeLock(env.client, prefix) });
 
     expect((await one.write(checkpoint(4))).outcome).toBe('written');
     const first = await readFile(path.join(one.folder('same'), '00000004', 'checkpoint.json'), 'utf8');
@@ -181,7 +182,7 @@ describe('checkpoint pipeline', () => {
     await s.flush('capped');
     s.offer(offerOf('capped', 1), streamOf(big));
     await s.flush('capped');
-    const store = new CheckpointStore(dataDir);
+    const store = new FolderCheckpointStore(new FolderStore(dataDir));
 
     const stored0 = await waitFor('seq 0', async () => store.read('capped', 0), 20_000, 20);
     expect(stored0.checkpoint.workspace).toEqual({ captured: true, file: 'workspace.tar', bytes: small.length, sha256: sha256(small) });
@@ -221,7 +222,7 @@ describe('checkpoint pipeline', () => {
 
   it('ignores abandoned temp folders and removes them: at once when their writer is dead, by age otherwise', async () => {
     const { dataDir } = await scope();
-    const store = new CheckpointStore(dataDir, { staleTempMs: 60_000 });
+    const store = new FolderCheckpointStore(new FolderStore(dataDir), { staleTempMs: 60_000 });
     const dir = store.folder('temps');
     await mkdir(dir, { recursive: true });
     const dead = spawn(process.execPath, ['-e', '0']);

@@ -1,4 +1,6 @@
-// Durable checkpoints on disk. Layout under FLEET_DATA_DIR/checkpoints/<episode>/:
+// Durable checkpoints in the folder artifact store (FolderStore: the data folder, or FLEET_ARTIFACTS=/path).
+// Reads go through the store; writes assemble whole seq folders, which the store's per-file puts cannot.
+// Layout under <root>/checkpoints/<episode>/ (key checkpoints/<episode>/<seq>/checkpoint.json):
 //   00000007/checkpoint.json, 00000007/workspace.tar   one folder per seq, complete or absent
 //   latest.json                                        { "seq": 7 }: the newest, never moves back
 //   .tmp-*, .trash-*                                   in flight or abandoned; readers ignore them
@@ -12,12 +14,15 @@ import { mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promis
 import os from 'node:os';
 import path from 'node:path';
 import { z } from 'zod';
+import type { FolderStore } from '../artifacts/folder-store.ts';
 import { createDurable, fillAndSync, fsyncDir } from '../files/atomic-write.ts';
 import { CHECKPOINT_JSON, Checkpoint, SEQ_FOLDER, WORKSPACE_TAR, seqFolderName } from './checkpoint.ts';
-import type { CheckpointStorage, CheckpointWriteResult, StoredCheckpoint } from './checkpoint-storage.ts';
+import { pointedOrNewest, type CheckpointStorage, type CheckpointWriteResult, type StoredCheckpoint } from './checkpoint-storage.ts';
 import { processEpisodeLock, type EpisodeLock, type ReleaseLock } from './episode-lock.ts';
 
 const LATEST_JSON = 'latest.json';
+/** A checkpoint.json read gets this long (a local disk; a mounted one may stall). */
+const READ_MS = 60_000;
 const LatestPointer = z.object({ seq: z.number().int().min(0) });
 type LatestPointer = z.infer<typeof LatestPointer>;
 
@@ -26,7 +31,7 @@ const HOST_TAG = createHash('sha256').update(os.hostname()).digest('hex').slice(
 const TEMP_NAME = /^\.tmp-(?:\d+|latest)-([0-9a-f]{8})-(\d+)-[0-9a-f]+$/;
 const tempName = (what: string | number) => `.tmp-${what}-${HOST_TAG}-${process.pid}-${randomBytes(4).toString('hex')}`;
 
-export interface CheckpointStoreOptions {
+export interface FolderCheckpointStoreOptions {
   /** Checkpoints kept per episode: the newest ones. @default 5 */
   keep?: number;
   /** Serializes latest.json updates of an episode. @default processEpisodeLock() (enough for one writer process) */
@@ -62,17 +67,17 @@ function processAlive(pid: number): boolean {
   }
 }
 
-export class CheckpointStore implements CheckpointStorage {
+export class FolderCheckpointStore implements CheckpointStorage {
   readonly keep: number;
   private readonly lock: EpisodeLock;
   private readonly staleTempMs: number;
 
-  private readonly dataDir: string;
+  private readonly root: string;
   /** Episode folders known to exist (bounded: forgotten wholesale past 10,000). */
   private readonly known = new Set<string>();
 
-  constructor(dataDir: string, opts: CheckpointStoreOptions = {}) {
-    this.dataDir = path.resolve(dataDir);
+  constructor(private readonly store: FolderStore, opts: FolderCheckpointStoreOptions = {}) {
+    this.root = store.root;
     const keep = opts.keep ?? 5;
     if (!Number.isInteger(keep) || keep < 1) throw new TypeError(`Expected \`keep\` to be an integer from 1 up, got \`${keep}\` (${typeof keep})`);
     this.keep = keep;
@@ -81,7 +86,7 @@ export class CheckpointStore implements CheckpointStorage {
   }
 
   folder(episodeId: string): string {
-    return path.join(this.dataDir, 'checkpoints', episodeId);
+    return path.join(this.root, 'checkpoints', episodeId);
   }
 
   /**
@@ -126,34 +131,19 @@ export class CheckpointStore implements CheckpointStorage {
 
   /** The checkpoint latest.json points at (or, without one, the newest folder), or undefined. */
   async latest(episodeId: string): Promise<StoredCheckpoint | undefined> {
-    const pointer = await this.readPointer(this.folder(episodeId));
-    if (pointer !== undefined) {
-      const found = await this.read(episodeId, pointer.seq);
-      if (found) return found;
-    }
-    // No pointer yet (the writer died before publishing), or its folder was pruned since we read it.
-    for (const seq of (await this.seqs(episodeId)).reverse()) {
-      const found = await this.read(episodeId, seq);
-      if (found) return found;
-    }
-    return undefined;
+    return pointedOrNewest(this, episodeId, (await this.readPointer(this.folder(episodeId)))?.seq);
   }
 
   /** One checkpoint, or undefined when that seq is not (or no longer) on disk. */
   async read(episodeId: string, seq: number): Promise<StoredCheckpoint | undefined> {
     const dir = path.join(this.folder(episodeId), seqFolderName(seq));
-    let text: string;
-    try {
-      text = await readFile(path.join(dir, CHECKPOINT_JSON), 'utf8');
-    } catch (err) {
-      if (isMissing(err)) return undefined;
-      throw err;
-    }
-    const checkpoint = Checkpoint.parse(JSON.parse(text));
+    const bytes = await this.store.get(`checkpoints/${episodeId}/${seqFolderName(seq)}/${CHECKPOINT_JSON}`, { signal: AbortSignal.timeout(READ_MS) });
+    if (bytes === undefined) return undefined;
+    const checkpoint = Checkpoint.parse(JSON.parse(Buffer.from(bytes).toString('utf8')));
     if (!checkpoint.workspace.captured) return { seq, dir, checkpoint };
     const tarPath = path.join(dir, WORKSPACE_TAR);
-    const bytes = checkpoint.workspace.bytes;
-    return { seq, dir, checkpoint, workspaceTar: { path: tarPath, bytes, open: () => createReadStream(tarPath) } };
+    const tarBytes = checkpoint.workspace.bytes;
+    return { seq, dir, checkpoint, workspaceTar: { path: tarPath, bytes: tarBytes, open: () => createReadStream(tarPath) } };
   }
 
   /** Remove the episode's folder (the episode is over). */
