@@ -314,7 +314,8 @@ class ArchiveWriter {
   data(bytes: Buffer): void {
     const padded = Math.ceil(bytes.length / 512) * 512;
     if (padded <= BLOCK_BYTES) {
-      bytes.copy(this.block, this.reserve(padded));
+      const at = this.reserve(padded); // first: it may start a new block
+      bytes.copy(this.block, at);
       return;
     }
     this.flush();
@@ -343,18 +344,24 @@ class ArchiveWriter {
     return read;
   }
 
+  private headerBlock(name: { name: string; prefix: string }, mode: number, size: number, typeflag: number, linkname: string): void {
+    // Reserved first: reserving may hand over the full block and start a new one.
+    const at = this.reserve(512);
+    writeHeader(this.block, at, name, mode, size, typeflag, linkname);
+  }
+
   header(fullName: string, mode: number, size: number, typeflag: number, linkname: string): void {
     const ustar = ustarName(fullName);
     if (ustar !== undefined && Buffer.byteLength(linkname) <= 100) {
-      writeHeader(this.block, this.reserve(512), ustar, mode, size, typeflag, linkname);
+      this.headerBlock(ustar, mode, size, typeflag, linkname);
       return;
     }
     const pax = Buffer.from(paxRecord(` path=${fullName}\n`) + (linkname ? paxRecord(` linkpath=${linkname}\n`) : ''));
     const paxName = { name: 'PaxHeader', prefix: '' };
     const paxLink = linkname ? 'PaxHeader' : '';
-    writeHeader(this.block, this.reserve(512), paxName, mode, pax.length, TYPEFLAG.pax, paxLink);
+    this.headerBlock(paxName, mode, pax.length, TYPEFLAG.pax, paxLink);
     this.data(pax);
-    writeHeader(this.block, this.reserve(512), paxName, mode, size, typeflag, paxLink);
+    this.headerBlock(paxName, mode, size, typeflag, paxLink);
   }
 
   end(): string {
