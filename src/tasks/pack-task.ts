@@ -16,9 +16,9 @@ export const MAX_TASK_ARCHIVE_BYTES = 32 * 1024 * 1024;
 
 /**
  * Files, folders and links one task archive may hold. Each takes a 512-byte header, so 32 MiB holds
- * at most 65,534 empty ones; a tree of more is refused from its listing, before anything is measured
- * or read (a 100,000-file folder in well under a second), and one of 20,000 files packs in about a
- * third of a second (bench/pack-folder.ts).
+ * at most 65,534 empty ones anyway; a tree of more than this is refused from its listing, before any
+ * file is measured or read (a 100,000-file workspace/ in under a second, bench/pack-folder.ts), with
+ * a message that names the folder and the cap rather than a size.
  */
 export const MAX_TASK_ENTRIES = 50_000;
 
