@@ -5,19 +5,19 @@
 // or link target ustar cannot hold): digests recorded before this file existed stay valid
 // (test/unit/pack-folder.test.ts compares both byte for byte).
 //
-// Fast on folders of many small files (a repository, a build context): the folders are read with
-// readdir's file types, sizes and modes come from lstat calls run a bounded number at a time, files
-// are read whole with one readFile each, a bounded number ahead of the writer and written in order,
-// and headers are written straight into 64 KiB blocks that are hashed as they fill. Before this, each
-// file took four awaited calls one after another and a stream pipeline of its own (20,000 one-byte
-// files: 20 s; now within 3x of `tar cf - | sha256sum`, bench/pack-folder.ts).
+// Fast on folders of many small files (a repository, a build context): folders are listed with
+// readdir's file types, then sizes and modes come from one lstat per file, then each file is read with
+// one open, one read (asking a byte more, to see growth) and a close, straight into 64 KiB blocks that
+// are hashed as they fill; headers are written into the same blocks. The calls are synchronous, in
+// slices that let the event loop run (SLICE_MS below says why). Before this, each file took four
+// awaited calls one after another, a stream pipeline and an AbortSignal of its own: 20,000 one-byte
+// files took 20 s, 33x `tar cf - | sha256sum`; now about 3x, on a loaded machine (bench/pack-folder.ts).
 //
 // Refused, before a byte of a file is read: anything neither a regular file, a folder nor a symlink
 // (FIFO, socket, device), more entries than `maxEntries`, and an archive the sizes make larger than
 // `maxBytes`. Refused while packing: a file whose size changed since it was measured.
 import { createHash } from 'node:crypto';
-import type { Dirent } from 'node:fs';
-import { closeSync, constants, lstatSync, openSync, readdirSync, readlinkSync, readSync, type Stats } from 'node:fs';
+import { closeSync, constants, lstatSync, openSync, readdirSync, readlinkSync, readSync, type Dirent, type Stats } from 'node:fs';
 import path from 'node:path';
 
 /** Entries one archive may hold unless the caller says otherwise. */
@@ -81,11 +81,12 @@ interface Entry {
 
 /**
  * The file system is read with synchronous calls in slices of this many milliseconds, the event loop
- * let run between slices. Measured on 20,000 one-byte files (bench/pack-folder.ts): lstat and readFile
- * through libuv's pool of 4 threads, 32 in flight, took 4-6x the time of the same calls made
+ * let run between slices. Measured on 20,000 one-byte files (2026-12-02, 2 loaded cores): lstat and
+ * readFile through libuv's pool of 4 threads, 32 in flight, took 4-6x the time of the same calls made
  * synchronously, every call a hop to a thread and back; tar makes them one after another too. The
- * slices keep timers and sockets served while a big folder is packed; a single call that hangs (a
- * dead network mount) blocks the process, as it would hold a pool thread and the pack forever.
+ * slices keep timers and sockets served while a big folder is packed (on a loaded machine a slice
+ * can still stretch to a few hundred ms: bench/pack-folder.ts prints the longest wait); a single call
+ * that hangs (a dead network mount) blocks the process, as it would hold a pool thread and the pack forever.
  */
 const SLICE_MS = 10;
 /** The archive is written into blocks this big, hashed and handed over as each fills. */
