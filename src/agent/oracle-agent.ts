@@ -12,6 +12,20 @@ export class OracleAgent implements Agent {
     if (!ctx.archive.has('solution') || ctx.archive.readText('solution/solve.sh') === undefined) {
       throw new FleetError('invalid_task', `task ${ctx.task.id} has no solution/solve.sh for the oracle agent`);
     }
+    const harbor = ctx.task.harbor;
+    if (harbor) {
+      // As Harbor's oracle (H:agents/oracle.py): /solution owned by root, solve.sh made executable,
+      // run from the workdir as the agent's user with [solution].env, its output in /logs/agent.
+      await ctx.session.putArchive(await ctx.archive.partAsTar('solution', SOLUTION_DIR, { uid: 0, gid: 0 }), '/', ctx.signal);
+      const chmod = await ctx.session.exec(`chmod +x ${SOLUTION_DIR}/solve.sh`, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal: ctx.signal });
+      if (chmod.exitCode !== 0) throw new FleetError('docker_error', `making ${SOLUTION_DIR}/solve.sh executable failed (exit ${chmod.exitCode})`);
+      return ctx.session.exec(`(${SOLUTION_DIR}/solve.sh) > /logs/agent/oracle.txt 2>&1`, {
+        timeoutMs: ctx.ceilingMs,
+        capBytes: ctx.outputCapBytes,
+        env: { DEBIAN_FRONTEND: 'noninteractive', ...harbor.solutionEnv },
+        signal: ctx.signal,
+      });
+    }
     const tar = await ctx.archive.partAsTar('solution', SOLUTION_DIR, SANDBOX_USER);
     await ctx.session.putArchive(tar, '/', ctx.signal);
     return new CommandAgent(`sh ${SOLUTION_DIR}/solve.sh`).run(ctx);

@@ -11,6 +11,7 @@ import { Deadline, PhaseTimeout } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { keepWorkspaceEarly } from '../evidence/workspace-copy.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
+import { verifyHarbor } from './harbor-verify.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } from './episode-attempt.ts';
 
 /** What verification uses of the worker's clients and stores. */
@@ -57,6 +58,7 @@ export async function verify(
   agentRun: AgentRun,
 ): Promise<Graded> {
   const { task } = attempt.job;
+  if (task.harbor) return verifyHarbor(attempt, deps, made, session, trail, agentRun, task.harbor);
   const deadline = new Deadline('verify', task.reserves.verifySec * 1000, attempt.signal);
   try {
     // A process left behind could rewrite the tests once they arrive, and a fork bomb or zombies could

@@ -1,0 +1,64 @@
+// Verification of a Harbor task, as Harbor's shared verifier runs it (H:verifier/verifier.py) with
+// the fleet's guarantees added. The agent may have run as root, so no process of it is trusted to be
+// gone by a sweep of one user: the sandbox is restarted (the engine kills every process; the image's
+// ENTRYPOINT starts the task's services again, and its healthcheck is waited for again). Then, as
+// root, /logs/verifier is emptied (a planted reward file never counts), the tests go to /tests, and
+// `(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1` runs as [verifier].user with
+// [verifier].env. Its exit code is ignored: the reward file is the grade, read through the engine.
+import type { AgentRun } from '../agent/agent.ts';
+import { Deadline, PhaseTimeout } from '../deadlines/deadline.ts';
+import { FleetError } from '../errors/fleet-error.ts';
+import type { SandboxSession } from '../sandbox/sandbox-session.ts';
+import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
+import type { AttemptTrail, EpisodeAttempt, Graded, SetUpResult } from './episode-attempt.ts';
+import { HARBOR_VERIFIER_RESET, runHealthcheck } from './harbor-checks.ts';
+import { readSandboxReward } from './reward-file.ts';
+
+const TESTS_DIR = '/tests';
+const ROOT_OWNER = { uid: 0, gid: 0 } as const;
+
+export async function verifyHarbor(
+  attempt: EpisodeAttempt,
+  deps: { outputCapBytes: number },
+  made: Pick<SetUpResult, 'archive' | 'proxy'>,
+  session: SandboxSession,
+  trail: Pick<AttemptTrail, 'verifyRun'>,
+  agentRun: AgentRun,
+  harbor: HarborRun,
+): Promise<Graded> {
+  const task: TaskSpec = attempt.job.task;
+  const deadline = new Deadline('verify', task.reserves.verifySec * 1000, attempt.signal);
+  try {
+    const before = await deadline.run('checking the sandbox', (signal) => session.state(signal));
+    if (!before.running && before.initOomKilled) throw new FleetError('agent_crashed', 'the sandbox ran out of memory under the agent and its init was killed');
+    // Every process of every user stops; files stay. The model goes before anything is graded.
+    await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
+    await deadline.run('closing the model proxy', async () => made.proxy?.close());
+    if (harbor.healthcheck) await deadline.run('waiting for the healthcheck again', (signal) => runHealthcheck(session, harbor.healthcheck!, signal));
+    const tests = await made.archive.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
+    await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal));
+    const reset = await deadline.run('emptying /logs/verifier', (signal) => session.exec(`${HARBOR_VERIFIER_RESET} && chmod +x ${TESTS_DIR}/test.sh`, {
+      timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal,
+    }));
+    if (reset.exitCode !== 0) throw new FleetError('docker_error', `emptying /logs/verifier failed (exit ${reset.exitCode}): ${reset.stderr.text.slice(0, 300)}`);
+
+    const timeoutMs = task.verify.timeoutSec * 1000;
+    const started = performance.now();
+    const verifyRun = await deadline.runStoppable('running the verifier', (signal) => session.exec(task.verify.command, {
+      timeoutMs, capBytes: deps.outputCapBytes, signal, env: harbor.verifierEnv, user: harbor.verifierUser ?? '',
+    }), (late) => (trail.verifyRun ??= late)).catch((err: unknown) => {
+      if (err instanceof PhaseTimeout && performance.now() - started >= timeoutMs) {
+        throw new FleetError('verifier_timeout', `verifier passed its timeout of ${task.verify.timeoutSec}s and was still being stopped at the end of the verification reserve`);
+      }
+      throw err;
+    });
+    trail.verifyRun = verifyRun;
+    deadline.signal.throwIfAborted();
+    if (verifyRun.timedOut) throw new FleetError('verifier_timeout', `verifier passed its timeout of ${task.verify.timeoutSec}s`);
+    const { reward, metrics } = await deadline.run('reading the reward file', (signal) => readSandboxReward(session, signal));
+    const passed = reward >= 1;
+    return { status: agentRun.timedOut ? 'timeout' : passed ? 'passed' : 'failed', reward, metrics };
+  } finally {
+    deadline.dispose();
+  }
+}

@@ -1,0 +1,101 @@
+// Harbor task folders (test/fixtures/harbor, written for this suite) run unchanged on the fleet: their
+// environments built on the stand-in base images, the oracle passing where the task is right, an agent
+// that does nothing failing with the reward its verifier wrote, and every grader that could not grade
+// ending as an error with a kind, never a reward. A reward file the agent planted gives nothing.
+import { cp, mkdtemp, readFile, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { EpisodeResult } from '../../src/episode/episode-job.ts';
+import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import { ROOT, docker, enqueueFile, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+
+const FIXTURES = path.join(ROOT, 'test/fixtures/harbor');
+
+describe('Harbor tasks', () => {
+  let env: FleetEnv;
+  let worker: WorkerHandle;
+
+  beforeAll(async () => {
+    env = await startFleetEnv();
+    worker = await startEnvWorker(env, 'harbor-w', { concurrency: 4 });
+  });
+  afterAll(async () => {
+    await worker?.close();
+    await env?.close();
+  });
+
+  async function run(tasks: string[], agent: string, samples = 1): Promise<Map<string, EpisodeResult[]>> {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-harbor-'));
+    const file = path.join(dir, 'batch.yaml');
+    await writeFile(file, `tasks: ${JSON.stringify(tasks)}\nagent: ${agent}\nsamples: ${samples}\n`);
+    const plan = await enqueueFile(env, file);
+    const results = await waitForResults(env, plan.batchId, plan.jobs.length, 600_000);
+    await waitForNoContainers(plan.batchId);
+    const byTask = new Map<string, EpisodeResult[]>();
+    for (const r of results) byTask.set(r.taskId, [...(byTask.get(r.taskId) ?? []), r]);
+    return byTask;
+  }
+  const one = (m: Map<string, EpisodeResult[]>, id: string) => m.get(id)![0]!;
+
+  const GRADABLE = ['hello-file', 'chmod-copy', 'prebuilt-image', 'healthy-server', 'non-root-agent', 'env-vars', 'partial-credit', 'two-metrics', 'pytest-uvx'];
+
+  it('the oracle passes every gradable task; graders that cannot grade and broken environments are errors with a kind', async () => {
+    const byTask = await run([FIXTURES], '{ kind: oracle }');
+    for (const id of GRADABLE) {
+      expect({ id, ...one(byTask, id) }, id).toMatchObject({ id, status: 'passed', reward: 1 });
+    }
+    expect(one(byTask, 'two-metrics').metrics).toEqual({ correctness: 1, documentation: 1 });
+    expect(one(byTask, 'hello-file').provenance.environment).toMatchObject({ source: 'built' });
+    expect(one(byTask, 'prebuilt-image').provenance).toMatchObject({ image: 'python:3.12-slim', environment: { source: 'docker_image' } });
+    expect(one(byTask, 'hello-file').network).toEqual({ agent: { requested: 'public', applied: 'no-network' }, verifier: { requested: 'public', applied: 'no-network' } });
+    expect(one(byTask, 'silent-verifier')).toMatchObject({ status: 'error', reward: null, error: { kind: 'verifier', code: 'reward_file_missing' } });
+    expect(one(byTask, 'slow-verifier')).toMatchObject({ status: 'error', reward: null, error: { kind: 'verifier', code: 'verifier_timeout' } });
+    // The "solution" only plants reward files (and a process to plant them again): the verifier,
+    // which writes one only for a right answer, finds /logs/verifier empty.
+    expect(one(byTask, 'planted-reward')).toMatchObject({ status: 'error', reward: null, error: { code: 'reward_file_missing' } });
+    expect(one(byTask, 'broken-dockerfile')).toMatchObject({ status: 'error', reward: null, attempts: 1, error: { kind: 'invalid', code: 'environment_build_failed' } });
+    expect(one(byTask, 'hanging-build')).toMatchObject({ status: 'error', reward: null, attempts: 1, error: { kind: 'invalid', code: 'environment_build_timeout' } });
+    // The oracle's output is where Harbor puts it, and kept.
+    const evidence = path.join(env.dataDir, 'evidence', one(byTask, 'hello-file').episodeId, 'attempt-1');
+    await expect(readFile(path.join(evidence, 'result.json'), 'utf8')).resolves.toContain('"reward": 1');
+  });
+
+  it('an agent that does nothing fails with the reward its verifier wrote; half the work is half the reward', async () => {
+    const nothing = await run(GRADABLE.map((id) => path.join(FIXTURES, id)), '{ kind: command, command: "true" }');
+    for (const id of GRADABLE) expect({ id, ...one(nothing, id) }, id).toMatchObject({ id, status: 'failed', reward: 0 });
+    expect(one(nothing, 'two-metrics').metrics).toEqual({ correctness: 0, documentation: 0 });
+    const half = await run([path.join(FIXTURES, 'partial-credit')], '{ kind: command, command: "echo alpha > /app/a.txt" }');
+    expect(one(half, 'partial-credit')).toMatchObject({ status: 'failed', reward: 0.5, metrics: { reward: 0.5 } });
+  });
+
+  it('builds an environment once for many samples, and again when a file in environment/ changes', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-harbor-build-'));
+    const task = path.join(dir, 'counted');
+    await cp(path.join(FIXTURES, 'hello-file'), task, { recursive: true });
+    // A fresh environment for this run, so the count starts from nothing.
+    const dockerfile = path.join(task, 'environment', 'Dockerfile');
+    await writeFile(dockerfile, `${await readFile(dockerfile, 'utf8')}RUN echo ${path.basename(dir)} > /etc/run-mark\n`);
+    const tags: string[] = [];
+    const events = await docker.getEvents({ filters: { type: ['image'], event: ['tag'] } });
+    events.on('data', (chunk: Buffer) => {
+      for (const line of chunk.toString().split('\n').filter(Boolean)) tags.push((JSON.parse(line) as { Actor: { Attributes: { name: string } } }).Actor.Attributes.name);
+    });
+    try {
+      const first = await run([task], '{ kind: oracle }', 6);
+      expect([...first.get('counted')!].map((r) => r.status)).toEqual(Array(6).fill('passed'));
+      const digests = new Set(first.get('counted')!.map((r) => r.provenance.environment?.digest));
+      expect(digests.size).toBe(1);
+      await writeFile(path.join(task, 'environment', 'extra.txt'), 'changed\n');
+      const second = await run([task], '{ kind: oracle }', 2);
+      const digest2 = one(second, 'counted').provenance.environment?.digest;
+      expect(digest2).not.toBe([...digests][0]);
+      await waitFor('the second build\'s tag event', async () => tags.length >= 2, 10_000);
+      const envTags = tags.filter((t) => t.startsWith('rollout-fleet/env:'));
+      expect(envTags).toHaveLength(2);
+      expect(envTags[0]).toBe(`rollout-fleet/env:${[...digests][0]!.slice(0, 24)}`);
+    } finally {
+      (events as unknown as { destroy(): void }).destroy();
+    }
+  });
+});
