@@ -124,7 +124,8 @@ describe('packFolder', () => {
       expect(packed.digest, name).toBe(digest);
       expect(createHash('sha256').update(packed.archive).digest('hex'), name).toBe(digest);
     }
-    expect([...TASK_PARTS]).toEqual([...PARTS]);
+    // The fleet's own parts come first, as before Harbor's were added after them: old digests hold.
+    expect([...TASK_PARTS].slice(0, PARTS.length)).toEqual([...PARTS]);
   });
 
   it('is deterministic: the same bytes whatever the timestamps and the order files were made in; chunks add up to the archive', async () => {
