@@ -163,10 +163,13 @@ export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps, opts:
   const plan = await planBatch(loaded);
   if (deps.imageExists) {
     for (const task of loaded.tasks) {
+      // A Harbor task with environment/Dockerfile is built where it runs: its image need not exist yet.
+      if (task.spec.harbor?.build !== undefined) continue;
       if ((await deps.imageExists(task.spec.image)) === false) {
+        const harbor = task.spec.harbor !== undefined;
         throw new FleetError(
           'image_not_found',
-          `${task.dir === undefined ? `${printable(loaded.file)}: task ${task.spec.id} (${task.digest})` : printable(path.join(task.dir, 'task.yaml'))}: image: not found on the Docker engine (got ${JSON.stringify(task.spec.image)})`,
+          `${task.dir === undefined ? `${printable(loaded.file)}: task ${task.spec.id} (${task.digest})` : printable(path.join(task.dir, harbor ? 'task.toml' : 'task.yaml'))}: ${harbor ? 'environment.docker_image' : 'image'}: not found on the Docker engine${harbor ? ', and the task has no environment/Dockerfile to build it from' : ''} (got ${JSON.stringify(task.spec.image)})`,
         );
       }
     }
