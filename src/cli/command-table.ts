@@ -81,6 +81,17 @@ drains it (running episodes are handed over) and it exits 0.`,
     allowPositionals: true,
     load: async () => (await import('./enqueue-command.ts')).enqueueCommand,
   },
+  prepare: {
+    synopsis: '<batch.yaml>',
+    summary: 'build the Harbor environments of a batch on this host ahead of time',
+    about: `Builds every Harbor task's environment/ of the batch on the engine at DOCKER_HOST, one line of
+progress each, as workers would on first use (one build per engine and content, under the fleet's
+lock). Run it on each host. Exit 1 when an environment failed to build (its error is printed).`,
+    optionHelp: '',
+    options: noOptions,
+    allowPositionals: true,
+    load: async () => (await import('./prepare-command.ts')).prepareCommand,
+  },
   status: {
     synopsis: '<batch-id> [--json]',
     summary: 'counts by status, mean reward, done or not',
