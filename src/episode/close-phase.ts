@@ -14,7 +14,7 @@ import { writeFileAtomic } from '../files/atomic-write.ts';
 import type { ModelCallRecord } from '../model/call-evidence.ts';
 import { MODEL_CALLS_FILE } from '../model/model-proxy.ts';
 import { diffWorkspace } from '../evidence/workspace-diff.ts';
-import { keepWorkspace, workspaceFolder } from '../evidence/workspace-copy.ts';
+import { keepHarborLogs, keepWorkspace, workspaceFolder } from '../evidence/workspace-copy.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
 
 /** What close uses of the worker's clients and stores (the sandbox's end is its lease's). */
@@ -109,9 +109,16 @@ async function collectEvidence(
   if (early) {
     extraction = early;
   } else {
-    const tar = await session.getArchive(task.workdir, signal);
+    // A Harbor task working in / keeps /logs as its workspace (the whole file system is not a workspace).
+    const tar = await session.getArchive(task.harbor && task.workdir === '/' ? '/logs' : task.workdir, signal);
     signal.addEventListener('abort', () => tar.destroy(), { once: true });
     extraction = await keepWorkspace(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, tar, readSignal);
+  }
+  if (task.harbor) {
+    const logs = await session.getArchive('/logs', signal);
+    signal.addEventListener('abort', () => logs.destroy(), { once: true });
+    await keepHarborLogs(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, logs, readSignal)
+      .catch((err: unknown) => log.warn({ err: String(err) }, 'the Harbor task\'s /logs not kept'));
   }
   const snapshotDir = workspaceFolder(deps, { episodeId: job.episodeId, attempt: attempt.attempt });
   const changes = await diffWorkspace(archive?.files('workspace') ?? new Map(), snapshotDir, extraction, deps.snapshotLimits.maxFileBytes);

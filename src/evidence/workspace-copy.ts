@@ -29,6 +29,14 @@ export async function keepWorkspace(deps: Omit<WorkspaceCopyDeps, 'log'>, of: At
 }
 
 /**
+ * A Harbor task's /logs (the agent's, the verifier's and the published artifacts: test-stdout.txt,
+ * oracle.txt, reward files), kept in the attempt's evidence as `logs/`, under the snapshot's caps.
+ */
+export async function keepHarborLogs(deps: Omit<WorkspaceCopyDeps, 'log'>, of: AttemptRef, tar: Readable, stop?: AbortSignal): Promise<ExtractReport> {
+  return extractSafely(tar, path.join(deps.evidence.folder(of.episodeId, of.attempt), 'logs'), { ...deps.snapshotLimits, strip: 1 }, stop);
+}
+
+/**
  * The sweep's copy of the workspace, extracted while the verifier runs (so its bytes are not held
  * until close). Undefined when it could not be kept: its folder is emptied for the engine's copy.
  */

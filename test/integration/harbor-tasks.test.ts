@@ -59,6 +59,11 @@ describe('Harbor tasks', () => {
     // The oracle's output is where Harbor puts it, and kept.
     const evidence = path.join(env.dataDir, 'evidence', one(byTask, 'hello-file').episodeId, 'attempt-1');
     await expect(readFile(path.join(evidence, 'result.json'), 'utf8')).resolves.toContain('"reward": 1');
+    await expect(readFile(path.join(evidence, 'logs', 'verifier', 'reward.txt'), 'utf8')).resolves.toBe('1\n');
+    // The planted files are gone from what the verifier left: it wrote none, and none survived.
+    const planted = path.join(env.dataDir, 'evidence', one(byTask, 'planted-reward').episodeId, 'attempt-1', 'logs', 'verifier');
+    await expect(readFile(path.join(planted, 'test-stdout.txt'), 'utf8')).resolves.toContain('checked');
+    await expect(readFile(path.join(planted, 'reward.txt'), 'utf8')).rejects.toThrow(/ENOENT/);
   });
 
   it('an agent that does nothing fails with the reward its verifier wrote; half the work is half the reward', async () => {
