@@ -79,6 +79,8 @@ export interface TaskStats {
   meanReward: number | null;
   /** Unbiased pass@k per k (1 and the batch's samples per task), when the task has at least k graded. */
   passAt: Record<number, number>;
+  /** Mean of each reward-file metric (a Harbor task's reward.json keys) over the episodes that reported it. */
+  metrics: Record<string, number>;
 }
 
 /**
@@ -86,10 +88,16 @@ export interface TaskStats {
  * reward; ungraded tasks last), ties by task id.
  */
 export function taskStats(results: readonly ResultOutline[], ks: readonly number[]): TaskStats[] {
-  const byTask = new Map<string, { done: number; graded: number; passed: number; errors: number; sum: number }>();
+  const byTask = new Map<string, { done: number; graded: number; passed: number; errors: number; sum: number; metrics: Map<string, { sum: number; n: number }> }>();
   for (const r of results) {
     let t = byTask.get(r.taskId);
-    if (t === undefined) byTask.set(r.taskId, (t = { done: 0, graded: 0, passed: 0, errors: 0, sum: 0 }));
+    if (t === undefined) byTask.set(r.taskId, (t = { done: 0, graded: 0, passed: 0, errors: 0, sum: 0, metrics: new Map() }));
+    for (const [key, value] of Object.entries(r.metrics ?? {})) {
+      const m = t.metrics.get(key) ?? { sum: 0, n: 0 };
+      m.sum += value;
+      m.n += 1;
+      t.metrics.set(key, m);
+    }
     t.done += 1;
     if (r.status === 'error') t.errors += 1;
     if (r.reward !== null) {
@@ -106,6 +114,7 @@ export function taskStats(results: readonly ResultOutline[], ks: readonly number
     errors: t.errors,
     meanReward: t.graded === 0 ? null : t.sum / t.graded,
     passAt: Object.fromEntries(ks.filter((k) => k >= 1 && t.graded >= k).map((k) => [k, passAtK(t.graded, t.passed, k)])),
+    metrics: Object.fromEntries([...t.metrics].map(([k, m]) => [k, m.sum / m.n])),
   }));
   return stats.sort((a, b) => (a.meanReward ?? 2) - (b.meanReward ?? 2) || (a.taskId < b.taskId ? -1 : a.taskId > b.taskId ? 1 : 0));
 }

@@ -137,6 +137,8 @@ export function batchPage(data: BatchPageData, links: Links): SafeHtml {
   const kinds = Object.entries(summary.byKind);
   const ks = Object.keys(summary.passAt).map(Number).sort((a, b) => a - b);
   const tasks = taskStats(results, ks);
+  // A column per reward-file metric (Harbor tasks' reward.json keys), in name order.
+  const metricKeys = [...new Set(tasks.flatMap((t) => Object.keys(t.metrics)))].sort();
   const createdMs = Date.parse(manifest.createdAt);
   // The last episode's end (a loop: spreading 100,000 values into Math.max overflows the stack).
   let lastEndMs = createdMs + 1;
@@ -181,9 +183,9 @@ ${timelineSvg(timeline, createdMs, 'episodes finishing over time, by status')}
 </div>
 <h2>Reward by task</h2>
 <p class="muted">Hardest first (lowest mean reward); pass@k is the unbiased estimate over the task's graded samples.</p>
-<div class="scroll"><table class="tasks"><thead><tr><th>task</th><th>done</th><th>passed</th><th>errors</th><th>mean reward</th><th></th>${ks.map((k) => html`<th>pass@${k}</th>`)}</tr></thead><tbody>
+<div class="scroll"><table class="tasks"><thead><tr><th>task</th><th>done</th><th>passed</th><th>errors</th><th>mean reward</th><th></th>${ks.map((k) => html`<th>pass@${k}</th>`)}${metricKeys.map((m) => html`<th class="metric">${m}</th>`)}</tr></thead><tbody>
 ${tasks.map((t) => html`<tr data-task="${t.taskId}"><td><a href="${filterHref(batchId, { task: t.taskId })}">${t.taskId}</a></td><td class="num">${t.done}</td><td class="num">${t.passed}</td><td class="num">${t.errors}</td>
-<td class="num">${fixed(t.meanReward)}</td><td>${t.meanReward === null ? '' : html`<meter min="0" max="1" value="${t.meanReward.toFixed(3)}"></meter>`}</td>${ks.map((k) => html`<td class="num">${fixed(t.passAt[k])}</td>`)}</tr>
+<td class="num">${fixed(t.meanReward)}</td><td>${t.meanReward === null ? '' : html`<meter min="0" max="1" value="${t.meanReward.toFixed(3)}"></meter>`}</td>${ks.map((k) => html`<td class="num">${fixed(t.passAt[k])}</td>`)}${metricKeys.map((m) => html`<td class="num metric">${fixed(t.metrics[m] ?? null)}</td>`)}</tr>
 `)}</tbody></table></div>
 <h2 id="episodes">Episodes</h2>
 <form class="filters" method="get" action="${batchHref(batchId)}#episodes">
