@@ -26,7 +26,7 @@ describe('taskStats', () => {
       result('broken', 0, 'error'), result('broken', 1, 'error'),
     ], [1, 2]);
     expect(stats.map((s) => s.taskId)).toEqual(['half', 'easy', 'broken']);
-    expect(stats[0]).toEqual({ taskId: 'half', done: 2, graded: 2, passed: 1, errors: 0, meanReward: 0.5, passAt: { 1: 0.5, 2: 1 } });
+    expect(stats[0]).toEqual({ taskId: 'half', done: 2, graded: 2, passed: 1, errors: 0, meanReward: 0.5, passAt: { 1: 0.5, 2: 1 }, metrics: {} });
     expect(stats[2]).toMatchObject({ errors: 2, graded: 0, meanReward: null, passAt: {} });
   });
 });
