@@ -347,7 +347,7 @@ async function main(): Promise<void> {
     const timed = values['fresh-only'] ? undefined : await timedRuns(f, scratch, runId);
 
     // A fresh environment: the fleet builds it for its first episode.
-    let fresh: { fleetMs: number; buildMs: number | undefined; dockerBuildMs: number; composeFreshMs: number; composeBuildMs: number } | undefined;
+    let fresh: { fleetMs: number; timings: EpisodeResult['timings'] | undefined; buildMs: number | undefined; dockerBuildMs: number; composeFreshMs: number; composeBuildMs: number } | undefined;
     if (!values['no-fresh']) {
       const fleetTask = await freshCopy(scratch, 'fresh-fleet', `fleet-${runId}`);
       const buildTask = await freshCopy(scratch, 'fresh-build', `build-${runId}`);
@@ -364,7 +364,7 @@ async function main(): Promise<void> {
       await run('docker', ['build', '--network', 'none', '-q', '-t', direct, path.join(buildTask, 'environment')]);
       const dockerBuildMs = performance.now() - s;
       const c = (await composeRun(composeTask, scratch, `fresh-${runId}`, 1, 1)).trials[0]!;
-      fresh = { fleetMs: b.seconds * 1000, buildMs: f.builds[buildsBefore], dockerBuildMs, composeFreshMs: c.ms, composeBuildMs: c.steps.build };
+      fresh = { fleetMs: b.seconds * 1000, timings: b.results[0]?.timings, buildMs: f.builds[buildsBefore], dockerBuildMs, composeFreshMs: c.ms, composeBuildMs: c.steps.build };
       const digest = b.results[0]?.provenance.environment?.digest;
       if (digest) images.add(`rollout-fleet/env:${digest.slice(0, 24)}`);
     }
@@ -377,6 +377,9 @@ async function main(): Promise<void> {
         + `a direct docker build of another fresh copy ${ms(fresh.dockerBuildMs)} ms`);
       if (fresh.buildMs !== undefined) {
         out(`  fleet: first episode - its build = ${ms(fresh.fleetMs - fresh.buildMs)} ms${timed ? ` (a warm episode: p50 ${ms(quantile(timed.fleetMs, 0.5))} ms)` : ''}`);
+        // Where the rest went: set-up runs from pick-up and includes the wait for the build.
+        const t = fresh.timings;
+        if (t) out(`  fleet: its timings ms: ${Object.entries(t).filter(([, v]) => typeof v === 'number').map(([k, v]) => `${k} ${ms(v as number)}`).join(', ')}`);
       }
       out(`  compose: fresh trial ${ms(fresh.composeFreshMs)} ms, of which build ${ms(fresh.composeBuildMs)} ms`);
     }
