@@ -16,6 +16,12 @@ export const HARBOR_LOGS_SETUP = 'mkdir -p /logs/agent /logs/verifier /logs/arti
  */
 export const HARBOR_VERIFIER_RESET = 'rm -rf /logs/verifier && mkdir -p /logs/verifier && chmod 777 /logs/verifier';
 
+/**
+ * /tests removed whole before the task's tests are copied in: a file the agent left there (a
+ * conftest.py, a module the checks import) would otherwise sit beside them and run with them.
+ */
+export const HARBOR_TESTS_RESET = 'rm -rf /tests';
+
 /** A command's own time limit inside the sandbox, so that stopping it never stops the sandbox's other processes. */
 function bounded(command: string, timeoutSec: number): string {
   return `timeout -k 2 ${Math.max(1, Math.ceil(timeoutSec))} bash -c ${shellQuote(command)}`;

@@ -6,13 +6,14 @@
 // `(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1` runs as [verifier].user with
 // [verifier].env. Its exit code is ignored: the reward file is the grade, read through the engine.
 import type { AgentRun } from '../agent/agent.ts';
-import { Deadline, PhaseTimeout } from '../deadlines/deadline.ts';
+import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import type { AttemptTrail, EpisodeAttempt, Graded, SetUpResult } from './episode-attempt.ts';
-import { HARBOR_VERIFIER_RESET, runHealthcheck } from './harbor-checks.ts';
+import { HARBOR_TESTS_RESET, HARBOR_VERIFIER_RESET, runHealthcheck } from './harbor-checks.ts';
 import { readSandboxReward } from './reward-file.ts';
+import { runVerifier } from './run-verifier.ts';
 
 const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
@@ -35,26 +36,18 @@ export async function verifyHarbor(
     await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
     await deadline.run('closing the model proxy', async () => made.proxy?.close());
     if (harbor.healthcheck) await deadline.run('waiting for the healthcheck again', (signal) => runHealthcheck(session, harbor.healthcheck!, signal));
+    const asRoot = (what: string, command: string) => deadline.run(what, async (signal) => {
+      const run = await session.exec(command, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
+      if (run.exitCode !== 0) throw new FleetError('docker_error', `${what} failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);
+    });
+    await asRoot('emptying /logs/verifier and removing /tests', `${HARBOR_VERIFIER_RESET} && ${HARBOR_TESTS_RESET}`);
     const tests = await made.archive.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
     await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal));
-    const reset = await deadline.run('emptying /logs/verifier', (signal) => session.exec(`${HARBOR_VERIFIER_RESET} && chmod +x ${TESTS_DIR}/test.sh`, {
-      timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal,
-    }));
-    if (reset.exitCode !== 0) throw new FleetError('docker_error', `emptying /logs/verifier failed (exit ${reset.exitCode}): ${reset.stderr.text.slice(0, 300)}`);
+    await asRoot('making test.sh executable', `chmod +x ${TESTS_DIR}/test.sh`);
 
-    const timeoutMs = task.verify.timeoutSec * 1000;
-    const started = performance.now();
-    const verifyRun = await deadline.runStoppable('running the verifier', (signal) => session.exec(task.verify.command, {
-      timeoutMs, capBytes: deps.outputCapBytes, signal, env: harbor.verifierEnv, user: harbor.verifierUser ?? '',
-    }), (late) => (trail.verifyRun ??= late)).catch((err: unknown) => {
-      if (err instanceof PhaseTimeout && performance.now() - started >= timeoutMs) {
-        throw new FleetError('verifier_timeout', `verifier passed its timeout of ${task.verify.timeoutSec}s and was still being stopped at the end of the verification reserve`);
-      }
-      throw err;
+    await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, {
+      capBytes: deps.outputCapBytes, env: harbor.verifierEnv, user: harbor.verifierUser ?? '',
     });
-    trail.verifyRun = verifyRun;
-    deadline.signal.throwIfAborted();
-    if (verifyRun.timedOut) throw new FleetError('verifier_timeout', `verifier passed its timeout of ${task.verify.timeoutSec}s`);
     const { reward, metrics } = await deadline.run('reading the reward file', (signal) => readSandboxReward(session, signal));
     const passed = reward >= 1;
     return { status: agentRun.timedOut ? 'timeout' : passed ? 'passed' : 'failed', reward, metrics };

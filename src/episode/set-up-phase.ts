@@ -12,6 +12,7 @@ import { FleetError } from '../errors/fleet-error.ts';
 import { MODEL_CALLS_FILE, modelSocketPath, startModelProxy, type ModelProxy } from '../model/model-proxy.ts';
 import { removeEnvironment } from '../sandbox/environment-lease.ts';
 import { SANDBOX_USER, SandboxSession } from '../sandbox/sandbox-session.ts';
+import { harborKeepAlive } from '../sandbox/container-spec.ts';
 import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
@@ -81,7 +82,7 @@ export async function setUp(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
       {
         ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [],
-        ...(task.harbor && { harbor: { env: task.harbor.env, user: task.harbor.agentUser } }),
+        ...(task.harbor && { harbor: { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) } }),
       },
       // Registered as soon as the container exists, so close removes it even if set-up goes no further.
       (id) => lease.registerContainer(id),

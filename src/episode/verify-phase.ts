@@ -7,11 +7,12 @@
 // Returns the grade; the sweep's workspace copy and the verifier's run (also one that arrives after the
 // reserve) are left in the trail, which close reads whether or not verification returned.
 import type { AgentRun } from '../agent/agent.ts';
-import { Deadline, PhaseTimeout } from '../deadlines/deadline.ts';
+import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { keepWorkspaceEarly } from '../evidence/workspace-copy.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import { verifyHarbor } from './harbor-verify.ts';
+import { runVerifier } from './run-verifier.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } from './episode-attempt.ts';
 
 /** What verification uses of the worker's clients and stores. */
@@ -95,24 +96,7 @@ export async function verify(
       .catch(async (err: unknown) => {
         throw await diskFullByAgent(session, task.limits.diskMb, err, deadline.signal) ?? err;
       });
-    const timeoutMs = task.verify.timeoutSec * 1000;
-    const started = performance.now();
-    const verifyRun = await deadline.runStoppable('running the verifier', (signal) =>
-      session.exec(task.verify.command, { timeoutMs, capBytes: deps.outputCapBytes, signal }),
-    // Output that arrives after the reserve is still kept as evidence, if close has not written it yet.
-    (late) => (trail.verifyRun ??= late)).catch((err: unknown) => {
-      // The reserve ran out while the verifier was being stopped past its own timeout: the verifier's
-      // fault (not graded, not retried). Had it run less than its timeout, the steps before it took the
-      // reserve: the fleet's fault (retried).
-      if (err instanceof PhaseTimeout && performance.now() - started >= timeoutMs) {
-        throw new FleetError('verifier_timeout', `verifier passed its timeout of ${task.verify.timeoutSec}s and was still being stopped at the end of the verification reserve`);
-      }
-      throw err;
-    });
-    trail.verifyRun = verifyRun;
-    // Stopped from outside (cancel, drain) or by the reserve: not graded.
-    deadline.signal.throwIfAborted();
-    if (verifyRun.timedOut) throw new FleetError('verifier_timeout', `verifier passed its timeout of ${task.verify.timeoutSec}s`);
+    const verifyRun = await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, { capBytes: deps.outputCapBytes });
     if (verifyRun.exitCode !== 0 && verifyRun.exitCode !== 1) {
       throw new FleetError('verifier_crashed', `verifier exited with ${verifyRun.exitCode} (0 passes, 1 fails, anything else is a broken verifier)`);
     }

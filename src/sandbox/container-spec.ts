@@ -31,7 +31,16 @@ export interface SessionSpec {
    * task's environment in the container's, and Docker's default capabilities minus those no task needs
    * (tasks expect a root shell). Every exec runs `bash -c`, as `user` (unset: the image's USER).
    */
-  harbor?: { env: Record<string, string>; user?: string | undefined };
+  harbor?: {
+    env: Record<string, string>;
+    user?: string | undefined;
+    /**
+     * The keep-alive, the argument of the image's ENTRYPOINT: a program of a read-only mount (the
+     * runtime generation's node), so a root agent cannot put its own in its place for the restart
+     * before grading (the image's `sleep` is the agent's to replace).
+     */
+    keepAlive: readonly string[];
+  };
 }
 
 /**
@@ -41,8 +50,10 @@ export interface SessionSpec {
  */
 export const HARBOR_CAPABILITIES = ['CHOWN', 'DAC_OVERRIDE', 'FOWNER', 'FSETID', 'KILL', 'SETGID', 'SETUID', 'NET_BIND_SERVICE'] as const;
 
-/** Harbor's keep-alive (its compose files' `command`), the argument of the image's ENTRYPOINT when it has one. */
-export const HARBOR_KEEP_ALIVE = ['sh', '-c', 'sleep infinity'] as const;
+/** The keep-alive of a Harbor sandbox (Harbor's is `sh -c "sleep infinity"`), run by the runtime generation's node at `mountPath`. */
+export function harborKeepAlive(runtimeMountPath: string): string[] {
+  return [`${runtimeMountPath}/bin/node`, '-e', 'setInterval(() => {}, 2 ** 30)'];
+}
 
 /** A fresh container name: the pool's worker or the episode and attempt, and a random tail. */
 export function containerName(spec: SessionSpec): string {
@@ -67,7 +78,7 @@ export function hardenedCreateOptions(
   const process = harbor
     // As Harbor runs it: the image's ENTRYPOINT (often a script starting the task's services) and
     // USER, the keep-alive as the command, the image's environment with the task's over it.
-    ? { Cmd: [...HARBOR_KEEP_ALIVE], Env: Object.entries(harbor.env).map(([k, v]) => `${k}=${v}`) }
+    ? { Cmd: [...harbor.keepAlive], Env: Object.entries(harbor.env).map(([k, v]) => `${k}=${v}`) }
     : {
       Cmd: ['sleep', '2147483647'],
       // The container's own processes (the engine's init, which reaps orphans, and its sleep) run as
