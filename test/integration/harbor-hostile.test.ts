@@ -17,7 +17,7 @@ const FIXTURES = path.join(ROOT, 'test/fixtures/harbor-hostile');
 
 /** Solutions that never write the answer, only try to plant a reward: the test writes none for them. */
 const CHEATS = [
-  'verifier-link-to-tests', 'verifier-link-to-root', 'logs-link', 'daemons', 'tests-planted', 'tests-link',
+  'verifier-link-to-tests', 'verifier-link-to-root', 'logs-link', 'daemons', 'tests-planted', 'tests-shadow-module', 'tests-link',
   'tests-script-link', 'resurrect-sleep', 'resurrect-entrypoint',
 ];
 
@@ -66,12 +66,14 @@ describe('Harbor tasks against a hostile root agent', () => {
     await waitForNoContainers(plan.batchId, 60_000);
     return new Map(results.map((r) => [r.taskId, r]));
   }
+  const evidenceFiles = (r: EpisodeResult) => readdir(path.join(env.dataDir, 'evidence', r.episodeId, 'attempt-1'), { recursive: true }).catch(() => [] as string[]);
+  /** The oracle's log (HARBOR.md: /logs/agent/oracle.txt, kept as evidence), else what the evidence holds. */
   const agentLog = async (r: EpisodeResult) => {
-    const dir = path.join(env.dataDir, 'evidence', r.episodeId, 'attempt-1');
-    const files = await readdir(dir, { recursive: true }).catch(() => [] as string[]);
+    const files = await evidenceFiles(r);
     const log = files.find((f) => f.endsWith('oracle.txt'));
-    return log ? readFile(path.join(dir, log), 'utf8') : `(no oracle.txt among ${files.join(', ')})`;
+    return log ? readFile(path.join(env.dataDir, 'evidence', r.episodeId, 'attempt-1', log), 'utf8') : `(no oracle.txt among ${files.join(', ')})`;
   };
+  let cheats: Map<string, EpisodeResult> | undefined;
   /** Graded (a reward from the verifier or the agent's timeout), or an error that names its kind. */
   function endedWell(id: string, r: EpisodeResult | undefined) {
     expect(r, `${id}: no result`).toBeDefined();
@@ -81,6 +83,7 @@ describe('Harbor tasks against a hostile root agent', () => {
 
   it('a planted reward, a link for /logs/verifier or /tests, a left-behind or resurrected planter: no reward but the real test\'s', async () => {
     const byTask = await run(['honest', ...CHEATS, 'tests-file']);
+    cheats = byTask;
     // The control: the same verifier passes a right answer, so the cheats below fail only for cheating.
     expect(byTask.get('honest'), JSON.stringify(byTask.get('honest'))).toMatchObject({ status: 'passed', reward: 1 });
     const fooled: string[] = [];
@@ -98,10 +101,19 @@ describe('Harbor tasks against a hostile root agent', () => {
     expect(file.error?.kind, JSON.stringify(file)).toBeTruthy();
   }, 300_000);
 
+  it('the evidence keeps /logs/agent and /logs/verifier, as HARBOR.md says, for the honest agent and the cheats alike', async () => {
+    expect(cheats, 'the first test ran').toBeDefined();
+    for (const id of ['honest', 'daemons', 'verifier-link-to-tests']) {
+      const files = await evidenceFiles(cheats!.get(id)!);
+      expect(files.some((f) => f.endsWith('oracle.txt')), `${id}: no oracle.txt in the evidence: ${files.join(', ')}`).toBe(true);
+      expect(files.some((f) => f.endsWith('test-stdout.txt')), `${id}: no test-stdout.txt in the evidence: ${files.join(', ')}`).toBe(true);
+    }
+  });
+
   it('escape probes, pid, memory and disk exhaustion and a killed PID 1: all blocked or ended with a kind, and the worker goes on', async () => {
     const byTask = await run(['escape-probes', 'fork-bomb', 'memory-hog', 'disk-fill', 'zombies', 'kill-all', 'kill-init', 'honest']);
     const probes = byTask.get('escape-probes')!;
-    const log = await agentLog(probes);
+    const log = await readFile(path.join(env.dataDir, 'evidence', probes.episodeId, 'attempt-1', 'workspace', 'probe-details.txt'), 'utf8').catch((err: Error) => `(no probe details: ${err.message})`);
     expect(probes, `${JSON.stringify(probes)}\n${log}`).toMatchObject({ status: 'passed', reward: 1 });
     // Every probe wrote 1 when its attack was blocked; the ones that worked, named with what they reached.
     const metrics = probes.metrics ?? {};
