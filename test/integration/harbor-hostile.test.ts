@@ -18,7 +18,7 @@ const FIXTURES = path.join(ROOT, 'test/fixtures/harbor-hostile');
 /** Solutions that never write the answer, only try to plant a reward: the test writes none for them. */
 const CHEATS = [
   'verifier-link-to-tests', 'verifier-link-to-root', 'logs-link', 'daemons', 'tests-planted', 'tests-shadow-module', 'tests-link',
-  'tests-script-link', 'resurrect-sleep', 'resurrect-entrypoint',
+  'tests-script-link', 'resurrect-sleep',
 ];
 
 /** Size of a folder's files, recursively (bytes). */
