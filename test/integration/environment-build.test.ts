@@ -35,7 +35,7 @@ const newPrefix = (name: string) => {
 };
 const depsFor = (prefix: string, engine: Docker = docker): EnvironmentBuildDeps => ({ docker: engine, redis: env.client, prefix, log: silentLog });
 
-/** A build context of these files; the run's prefix is in the Dockerfile, so no other run shares its digest. */
+/** A build context of these files; the run's prefix is in the Dockerfile, so no other run shares its digest (BuildKit's step cache ignores LABEL, though). */
 async function context(files: Record<string, string>): Promise<{ tar: Buffer; digest: string }> {
   const tar = await tarBuffer((pack) => {
     for (const [name, content] of Object.entries(files)) pack.entry({ name, mode: 0o644 }, content);
@@ -109,7 +109,9 @@ describe('environment images', () => {
         // Network none: no interface but loopback; the mode is printed into the log.
         'RUN stat -c "mode=%a" /usr/local/bin/run.sh && ls /sys/class/net | tr "\\n" " " && echo',
       ]),
-      'run.sh': '#!/bin/sh\necho hi\n',
+      // The run's prefix in a copied file: BuildKit's cache keys ignore LABEL, so without it the RUN
+      // step of an earlier run on this engine would be CACHED and print nothing.
+      'run.sh': `#!/bin/sh\necho hi ${env.prefix}\n`,
     });
     const first = await ensureEnvironmentImage(depsFor(prefix), { context: tar, digest, timeoutSec: 120 });
     expect(first).toMatchObject({ image: environmentImageTag(digest), built: true, digest });
