@@ -71,6 +71,7 @@ async function unpackUpload(body: Buffer, dir: string): Promise<void> {
   if (body.length >= 2 && body[0] === 0x1f && body[1] === 0x8b) throw refuse('a gzip stream: send the plain tar (Content-Type: application/x-tar)');
   const extract = tar.extract();
   let entries = 0;
+  const made = new Set<string>();
   try {
     for await (const entry of Readable.from([body]).pipe(extract)) {
       const { header } = entry;
@@ -96,7 +97,12 @@ async function unpackUpload(body: Buffer, dir: string): Promise<void> {
         entry.resume();
         continue;
       }
-      await mkdir(path.dirname(target), { recursive: true }).catch((err: NodeJS.ErrnoException) => Promise.reject(cannot(err)));
+      // One mkdir per folder, not per file: an upload of 20,000 files in a few folders makes 20,000 fewer calls.
+      const parent = path.dirname(target);
+      if (!made.has(parent)) {
+        await mkdir(parent, { recursive: true }).catch((err: NodeJS.ErrnoException) => Promise.reject(cannot(err)));
+        made.add(parent);
+      }
       const data = await collectBytes(entry);
       // wx: an archive that names one file twice is refused, not silently resolved.
       await writeFile(target, data, { flag: 'wx', mode: ((header.mode ?? 0o644) & 0o111) !== 0 ? 0o755 : 0o644 }).catch((err: NodeJS.ErrnoException) => Promise.reject(cannot(err)));

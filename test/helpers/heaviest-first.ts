@@ -12,6 +12,10 @@ const MEASURED_SEC: Record<string, number> = {
   'test/integration/two-hosts.test.ts': 74,
   'test/integration/phase-reserves.test.ts': 74,
   'test/integration/bad-input-corpus.test.ts': 66,
+  // Measured alone (they build images: heavy on the engine's disk, so not first beside api-hostile).
+  'test/integration/harbor-tasks.test.ts': 58,
+  'test/integration/harbor-hostile.test.ts': 55,
+  'test/integration/environment-build.test.ts': 30,
   'test/integration/llm-agent.test.ts': 63,
   'test/integration/worker-faults.test.ts': 63,
   'test/integration/evidence.test.ts': 62,

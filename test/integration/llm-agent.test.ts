@@ -95,9 +95,17 @@ describe('reference LLM agent', () => {
       // The key is nowhere in the sandbox: not in its environment, not in any file it can read.
       const dirs = '/bin /etc /tmp /workspace /opt /home /root /var /usr /run';
       // A planted control string proves the search would find the key if it were there.
+      // A search that printed nothing at all (not even wc's count: its shell was killed under load, as
+      // seen in CI) is run once more; a count it printed is what is asserted.
       const count = async (command: string) => {
-        const r = await session.exec(command, { timeoutMs: 60_000, capBytes: 4096 });
-        return `${r.stdout.text.trim()}${r.timedOut ? ' (timed out)' : ''}`;
+        let shown = '';
+        for (let i = 0; i < 2; i++) {
+          const r = await session.exec(command, { timeoutMs: 60_000, capBytes: 4096 });
+          shown = `${r.stdout.text.trim()}${r.timedOut ? ' (timed out)' : ''}`;
+          if (shown !== '') return shown;
+          shown = `(no output, exit ${r.exitCode})`;
+        }
+        return shown;
       };
       const find = (needle: string) => `for d in ${dirs}; do [ -d $d ] && grep -rl ${needle} $d; done 2>/dev/null | wc -l`;
       await count(`echo control-${process.pid} > /tmp/control.txt`);
