@@ -35,7 +35,8 @@ export async function verifyHarbor(
     // Every process of every user stops; files stay. The model goes before anything is graded.
     await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
     await deadline.run('closing the model proxy', async () => made.proxy?.close());
-    if (harbor.healthcheck) await deadline.run('waiting for the healthcheck again', (signal) => runHealthcheck(session, harbor.healthcheck!, signal));
+    const check = harbor.healthcheck;
+    if (check) await deadline.run('waiting for the healthcheck again', (signal) => runHealthcheck(session, check, signal));
     const asRoot = (what: string, command: string) => deadline.run(what, async (signal) => {
       const run = await session.exec(command, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
       if (run.exitCode !== 0) throw new FleetError('docker_error', `${what} failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);

@@ -16,7 +16,7 @@ import { harborKeepAlive } from '../sandbox/container-spec.ts';
 import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
-import type { TaskSpec } from '../tasks/task-spec.ts';
+import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import { effectiveWorkdir, resolveTaskImage } from '../environments/task-environment.ts';
 import { HARBOR_LOGS_SETUP, runHealthcheck } from './harbor-checks.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
@@ -92,7 +92,7 @@ export async function setUp(
     if (claimed === undefined) lease.attach(session);
     const { imageId } = session;
     made.imageId = imageId;
-    if (task.harbor) await prepareHarborSandbox(task, archive, session, deadline);
+    if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline);
     else {
       const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
       await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
@@ -108,15 +108,15 @@ export async function setUp(
  * /logs/artifacts writable by the agent's user, environment/'s files in the workdir when the task
  * has only a docker_image, and its healthcheck passed.
  */
-async function prepareHarborSandbox(task: TaskSpec, archive: TaskArchive, session: SandboxSession, deadline: Deadline): Promise<void> {
-  const harbor = task.harbor!;
+async function prepareHarborSandbox(task: TaskSpec, harbor: HarborRun, archive: TaskArchive, session: SandboxSession, deadline: Deadline): Promise<void> {
   const logs = await deadline.run('making /logs', (signal) => session.exec(HARBOR_LOGS_SETUP, { timeoutMs: deadline.remainingMs, capBytes: 4096, user: '0', workdir: '/', signal }));
   if (logs.exitCode !== 0) throw new FleetError('docker_error', `making /logs in the sandbox failed (exit ${logs.exitCode}): ${logs.stderr.text.slice(0, 300)}`);
   if (harbor.uploadEnvironment && archive.has('environment')) {
     const files = await archive.partAsTar('environment', task.workdir, ROOT);
     await deadline.run('copying environment/ into the workdir', (signal) => session.putArchive(files, '/', signal));
   }
-  if (harbor.healthcheck) await deadline.run('waiting for the healthcheck', (signal) => runHealthcheck(session, harbor.healthcheck!, signal));
+  const check = harbor.healthcheck;
+  if (check) await deadline.run('waiting for the healthcheck', (signal) => runHealthcheck(session, check, signal));
 }
 
 /** Where the proxy's socket goes when the sandbox is the episode's own: a short folder of the attempt. */
