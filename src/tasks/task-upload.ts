@@ -65,10 +65,31 @@ function entryPath(raw: string): string | undefined {
   return segments.join('/');
 }
 
+/**
+ * The entries of an upload, counted without writing any (at most one past the cap): an archive of too
+ * many is refused before a file is made, not after the cap's worth was written and removed again.
+ */
+async function countEntries(body: Buffer): Promise<number> {
+  const extract = tar.extract();
+  let n = 0;
+  try {
+    for await (const entry of Readable.from([body]).pipe(extract)) {
+      entry.resume();
+      if (++n > MAX_UPLOAD_ENTRIES) break;
+    }
+  } catch {
+    // A malformed archive: the unpack says what is wrong with it.
+  } finally {
+    extract.destroy();
+  }
+  return n;
+}
+
 /** Unpack an uploaded task tar into `dir` (empty, private), refusing anything a task folder cannot hold. */
 async function unpackUpload(body: Buffer, dir: string): Promise<void> {
   if (body.length > MAX_TASK_ARCHIVE_BYTES) throw refuse(`larger than ${MAX_TASK_ARCHIVE_BYTES} bytes (got ${body.length} bytes)`);
   if (body.length >= 2 && body[0] === 0x1f && body[1] === 0x8b) throw refuse('a gzip stream: send the plain tar (Content-Type: application/x-tar)');
+  if (await countEntries(body) > MAX_UPLOAD_ENTRIES) throw refuse(`more than ${MAX_UPLOAD_ENTRIES} entries`);
   const extract = tar.extract();
   let entries = 0;
   const made = new Set<string>();
