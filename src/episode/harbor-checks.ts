@@ -2,6 +2,7 @@
 // to, the task's healthcheck before the agent, and /logs/verifier emptied right before the tests (so
 // a reward file the agent planted never counts). Each step is one exec, run as root where it must be
 // (the agent's user may not own /logs), bounded by its own timeout.
+import { setTimeout as sleep } from 'node:timers/promises';
 import { FleetError } from '../errors/fleet-error.ts';
 import { shellQuote } from '../files/shell-quote.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
@@ -27,14 +28,6 @@ function bounded(command: string, timeoutSec: number): string {
   return `timeout -k 2 ${Math.max(1, Math.ceil(timeoutSec))} bash -c ${shellQuote(command)}`;
 }
 
-const sleep = (ms: number, signal: AbortSignal) => new Promise<void>((resolve, reject) => {
-  const timer = setTimeout(resolve, ms);
-  signal.addEventListener('abort', () => {
-    clearTimeout(timer);
-    reject(signal.reason);
-  }, { once: true });
-});
-
 /**
  * Harbor's healthcheck (H:environments/base.py): the command is run until it exits 0; failures
  * during the start period do not count; `retries` failures in a row after it end the episode as
@@ -54,6 +47,6 @@ export async function runHealthcheck(session: SandboxSession, check: NonNullable
     if (!inStartPeriod && ++failures >= check.retries) {
       throw new FleetError('healthcheck_failed', `the task's [environment.healthcheck] failed ${failures} times in a row (last: ${last}): its environment did not come up`);
     }
-    await sleep((inStartPeriod ? check.startIntervalSec : check.intervalSec) * 1000, signal);
+    await sleep((inStartPeriod ? check.startIntervalSec : check.intervalSec) * 1000, undefined, { signal });
   }
 }
