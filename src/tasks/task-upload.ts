@@ -68,19 +68,24 @@ function entryPath(raw: string): string | undefined {
 /**
  * The entries of an upload, counted without writing any (at most one past the cap): an archive of too
  * many is refused before a file is made, not after the cap's worth was written and removed again.
+ * It walks the tar's 512-byte headers in the buffer, jumping over each body by its size: 20,000
+ * entries in a few milliseconds, where a parser's promise per entry held the API's event loop for a
+ * second. Extended headers (PAX `x`/`g`, GNU `L`/`K`) describe the next entry and are not counted, as
+ * the parser does not report them. It stops at the end marker or at anything it cannot read; the
+ * unpack then says what is wrong, and still enforces the cap itself.
  */
-async function countEntries(body: Buffer): Promise<number> {
-  const extract = tar.extract();
+export function countTarEntries(body: Buffer, stopAfter = MAX_UPLOAD_ENTRIES + 1): number {
   let n = 0;
-  try {
-    for await (const entry of Readable.from([body]).pipe(extract)) {
-      entry.resume();
-      if (++n > MAX_UPLOAD_ENTRIES) break;
-    }
-  } catch {
-    // A malformed archive: the unpack says what is wrong with it.
-  } finally {
-    extract.destroy();
+  for (let at = 0; at + 512 <= body.length && n < stopAfter; ) {
+    const header = body.subarray(at, at + 512);
+    if (header.every((b) => b === 0)) break;
+    const sizeField = header.subarray(124, 136);
+    if ((sizeField[0]! & 0x80) !== 0) break; // base-256 size: more than any upload may hold
+    const size = parseInt(sizeField.toString('latin1').replace(/[\0 ]+$/, '').trim() || '0', 8);
+    if (!Number.isSafeInteger(size) || size < 0) break;
+    const type = String.fromCharCode(header[156]!);
+    if (!'xgLK'.includes(type)) n += 1;
+    at += 512 + Math.ceil(size / 512) * 512;
   }
   return n;
 }
@@ -89,7 +94,7 @@ async function countEntries(body: Buffer): Promise<number> {
 async function unpackUpload(body: Buffer, dir: string): Promise<void> {
   if (body.length > MAX_TASK_ARCHIVE_BYTES) throw refuse(`larger than ${MAX_TASK_ARCHIVE_BYTES} bytes (got ${body.length} bytes)`);
   if (body.length >= 2 && body[0] === 0x1f && body[1] === 0x8b) throw refuse('a gzip stream: send the plain tar (Content-Type: application/x-tar)');
-  if (await countEntries(body) > MAX_UPLOAD_ENTRIES) throw refuse(`more than ${MAX_UPLOAD_ENTRIES} entries`);
+  if (countTarEntries(body) > MAX_UPLOAD_ENTRIES) throw refuse(`more than ${MAX_UPLOAD_ENTRIES} entries`);
   const extract = tar.extract();
   let entries = 0;
   const made = new Set<string>();

@@ -62,11 +62,8 @@ describe('reference LLM agent', () => {
       budget: { maxCalls: 2, maxTokens: 100_000 }, evidenceFile: path.join(dataDir, 'calls.jsonl'),
       episodeId: 'probe', taskId: 'fix-greeting', log: silentLog,
     });
-    const owner = { fleet: env.prefix, episodeId: 'probe', batchId: 'probe', workerId: 'probe', attempt: 1 };
+    const owner = { fleet: env.prefix, episodeId: 'probe', batchId: 'probe', workerId: worker.workerId, attempt: 1 };
     const session = await SandboxSession.open({ docker, log: silentLog, callTimeoutMs: 30_000 }, {
-      // 1 GiB: the key search greps every file it can read, the runtime's 95 MB node among them; under
-      // the suite's load 256 MB let the kernel kill the sandbox's init mid-search (CI: "cannot exec in a
-      // stopped state").
       image: DEFAULT_IMAGE, workdir: '/workspace', limits: { memoryMb: 1024, cpus: 1, pids: 64 }, owner,
       mounts: [runtime.mount], bindFolders: [path.dirname(proxy.socketPath)],
     }, () => undefined);
