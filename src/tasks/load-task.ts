@@ -16,11 +16,19 @@ import { getTaskArchive } from './task-store.ts';
 import { HARBOR_FILES, resolveHarborTask, type HarborFolder, type HostEnv } from './harbor-task.ts';
 import type { TaskArchive } from './task-archive.ts';
 import { TaskFile, TaskSpec, resolveTask, type TaskDefaults } from './task-spec.ts';
+import { isTerminalBench1Folder, mapTerminalBench1, Tb1Problem } from './terminal-bench-1.ts';
 
 /** A task of a batch: a folder on this machine, or an archive already stored by its digest. */
 export type LoadedTask =
-  | { /** Absolute path of the task folder. */ dir: string; digest?: undefined; spec: TaskSpec }
-  | { dir?: undefined; /** sha256 of the stored archive. */ digest: string; spec: TaskSpec };
+  | {
+      /** Absolute path of the task folder (for a Terminal-Bench 1 task, the Harbor folder it maps to). */
+      dir: string;
+      /** The folder the user named, when `dir` is a mapping of it. */
+      from?: string;
+      digest?: undefined;
+      spec: TaskSpec;
+    }
+  | { dir?: undefined; from?: undefined; /** sha256 of the stored archive. */ digest: string; spec: TaskSpec };
 
 /** Where stored task archives are read from (tasks named by digest). */
 export interface ArchiveSource {
@@ -113,6 +121,17 @@ async function isDir(p: string): Promise<boolean> {
 export async function loadTask(dir: string, defaults: TaskDefaults = {}, hostEnv: HostEnv = {}): Promise<LoadedTask & { dir: string }> {
   const abs = path.resolve(dir);
   if (await isTaskFolder(abs, 'task.toml') && !(await isTaskFolder(abs, 'task.yaml'))) return { dir: abs, spec: await loadHarborFolder(abs, defaults, hostEnv) };
+  if (await isTerminalBench1Folder(abs)) {
+    // Mapped to a Harbor folder (in a cache folder, never in the task's own), then loaded as one.
+    let mapped: string;
+    try {
+      mapped = await mapTerminalBench1(abs, (file) => readBounded(file, true));
+    } catch (err) {
+      if (err instanceof Tb1Problem) throw invalid(path.join(abs, err.file), [err.message]);
+      throw err;
+    }
+    return { dir: mapped, from: abs, spec: await loadHarborFolder(mapped, defaults, hostEnv, { name: path.basename(abs), where: abs }) };
+  }
   const yamlFile = path.join(abs, 'task.yaml');
   const file = parseWith(TaskFile, await readYaml(yamlFile, true), yamlFile);
   const resolved = resolveTask(file, defaults);
@@ -134,9 +153,9 @@ async function isFile(p: string): Promise<boolean> {
 }
 
 /** A Harbor folder read from disk: task.toml and instruction.md as bounded regular files, the rest by presence. */
-async function loadHarborFolder(dir: string, defaults: TaskDefaults, hostEnv: HostEnv): Promise<TaskSpec> {
+async function loadHarborFolder(dir: string, defaults: TaskDefaults, hostEnv: HostEnv, as: { name: string; where: string } = { name: path.basename(dir), where: dir }): Promise<TaskSpec> {
   const folder: HarborFolder = {
-    name: path.basename(dir),
+    name: as.name,
     tomlText: await readBounded(path.join(dir, HARBOR_FILES.toml), true),
     instruction: await readBounded(path.join(dir, HARBOR_FILES.instruction), true),
     has: {
@@ -146,7 +165,7 @@ async function loadHarborFolder(dir: string, defaults: TaskDefaults, hostEnv: Ho
       testsDockerfile: await isFile(path.join(dir, HARBOR_FILES.testsDockerfile)),
     },
   };
-  return resolveHarbor(folder, dir, defaults, hostEnv);
+  return resolveHarbor(folder, as.where, defaults, hostEnv);
 }
 
 /** A Harbor folder read from a stored archive (the API's way in: no `${VAR}` comes from this host). */
@@ -192,9 +211,10 @@ async function expandTaskPath(p: string, batchFile: string, index: number): Prom
 }
 
 /** The oracle runs solution/solve.sh: a task without it would fail on the worker, after the enqueue. */
-async function checkOracleSolution(task: { dir: string }): Promise<void> {
+async function checkOracleSolution(task: { dir: string; from?: string }): Promise<void> {
   const solve = path.join(task.dir, 'solution', 'solve.sh');
   const ok = await stat(solve).then((s) => s.isFile(), () => false);
+  if (task.from !== undefined && !ok) throw invalid(task.from, ['solution.sh: missing (the oracle agent runs it, or solution.yaml\'s keystrokes)']);
   if (!ok) throw invalid(task.dir, ['solution/solve.sh: missing (the oracle agent runs it; give the task a solution/ or use another agent)']);
 }
 
@@ -268,7 +288,7 @@ async function resolveBatch(parsed: BatchFile, where: BatchSource): Promise<Load
   const tasks: LoadedTask[] = [];
   const seen = new Map<string, string>();
   const add = (task: LoadedTask) => {
-    const source = task.dir ?? `task ${task.digest}`;
+    const source = task.from ?? task.dir ?? `task ${task.digest}`;
     const other = seen.get(task.spec.id);
     if (other !== undefined && other !== source) {
       throw invalid(file, [`tasks: id ${JSON.stringify(task.spec.id)} is used by both ${printable(other)} and ${printable(source)}`]);

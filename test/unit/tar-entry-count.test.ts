@@ -8,7 +8,10 @@ import { countTarEntries } from '../../src/tasks/task-upload.ts';
 async function packed(entries: { name: string; body?: string; type?: 'file' | 'directory' }[]): Promise<Buffer> {
   const pack = tar.pack();
   const done = collectBytes(pack);
-  for (const e of entries) pack.entry({ name: e.name, type: e.type ?? 'file' }, e.type === 'directory' ? undefined : (e.body ?? ''));
+  for (const e of entries) {
+    if (e.type === 'directory') pack.entry({ name: e.name, type: 'directory' });
+    else pack.entry({ name: e.name, type: 'file' }, e.body ?? '');
+  }
   pack.finalize();
   return done;
 }
