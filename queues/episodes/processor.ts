@@ -89,7 +89,7 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
     // A Harbor environment the engine lacks is built in set-up: its build_timeout_sec is set-up time
     // on top of the reserve (never the agent's: the agent's ceiling does not depend on set-up's length).
     const { task } = parsed.data;
-    const setUp = new Deadline('set-up', (task.reserves.setupSec + (task.harbor?.build?.timeoutSec ?? 0)) * 1000, episodeSignal);
+    const setUp = new Deadline('set-up', (task.reserves.setupSec + (task.harbor?.build?.timeoutSec ?? 0) + (task.harbor?.separateVerifier?.build?.timeoutSec ?? 0)) * 1000, episodeSignal);
     try {
       let attempt: number | undefined;
       try {

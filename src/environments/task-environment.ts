@@ -36,9 +36,12 @@ export interface TaskImageDeps {
   callTimeoutMs: number;
 }
 
-/** The content digest of a Harbor task's environment/: names its built image on every engine. */
-export async function environmentDigest(archive: TaskArchive, networkMode = 'none'): Promise<{ digest: string; context: Buffer }> {
-  const context = await archive.partAsContext('environment');
+/**
+ * The content digest of a Harbor task's environment/ (or tests/, a separate verifier's build context):
+ * names its built image on every engine.
+ */
+export async function environmentDigest(archive: TaskArchive, networkMode = 'none', part: 'environment' | 'tests' = 'environment'): Promise<{ digest: string; context: Buffer }> {
+  const context = await archive.partAsContext(part);
   const digest = createHash('sha256').update(`${BUILD_RECIPE}\0network=${networkMode}\0`).update(context).digest('hex');
   return { digest, context };
 }
@@ -72,15 +75,44 @@ export async function resolveTaskImage(
   if (harbor.build === undefined) {
     throw new FleetError('image_not_found', `image ${harbor.dockerImage ?? '(none)'} is not on the Docker engine and task ${task.id} has no environment/Dockerfile to build it from (there is no registry: load the image first)`);
   }
-  const { digest, context } = await environmentDigest(archive);
+  return buildPart(deps, task, archive, 'environment', harbor.build.timeoutSec, opts);
+}
+
+/** `part` of the task (environment/, or tests/ for a separate verifier) built on this engine, or the one already built. */
+async function buildPart(deps: TaskImageDeps, task: TaskSpec, archive: TaskArchive, part: 'environment' | 'tests', timeoutSec: number, opts: { signal: AbortSignal; onBuildWait?: () => void }): Promise<TaskImage> {
+  const { digest, context } = await environmentDigest(archive, 'none', part);
   const built = await ensureEnvironmentImage(
     deps,
-    { context, digest, timeoutSec: harbor.build.timeoutSec, labels: { 'rollout-fleet.task': task.id } },
+    { context, digest, timeoutSec, labels: { 'rollout-fleet.task': task.id } },
     { signal: opts.signal, callTimeoutMs: deps.callTimeoutMs, ...(opts.onBuildWait && { onWait: () => opts.onBuildWait!() }) },
   );
   const config = await inspectConfig(deps, built.image, opts.signal);
-  if (config === undefined) throw new FleetError('docker_error', `the environment image ${built.image} vanished from the engine right after it was ready`);
+  if (config === undefined) throw new FleetError('docker_error', `the ${part === 'tests' ? 'verifier' : 'environment'} image ${built.image} vanished from the engine right after it was ready`);
   return { image: built.image, source: 'built', digest, config, build: { built: built.built, readyMs: built.readyMs } };
+}
+
+/**
+ * The image of a separate verifier: its docker_image when the engine has it, else tests/ built (with
+ * tests/Dockerfile), else the agent's image, started afresh (Harbor's "copy of [environment]").
+ */
+export async function resolveVerifierImage(
+  deps: TaskImageDeps,
+  task: TaskSpec,
+  archive: TaskArchive,
+  agentImage: TaskImage,
+  opts: { signal: AbortSignal; onBuildWait?: () => void },
+): Promise<TaskImage | undefined> {
+  const separate = task.harbor?.separateVerifier;
+  if (separate === undefined) return undefined;
+  if (separate.dockerImage !== undefined) {
+    const config = await inspectConfig(deps, separate.dockerImage, opts.signal);
+    if (config !== undefined) return { image: separate.dockerImage, source: 'docker_image', config };
+  }
+  if (separate.build !== undefined) return buildPart(deps, task, archive, 'tests', separate.build.timeoutSec, opts);
+  if (separate.dockerImage !== undefined) {
+    throw new FleetError('image_not_found', `the verifier's image ${separate.dockerImage} is not on the Docker engine and task ${task.id} has no tests/Dockerfile to build it from (there is no registry: load the image first)`);
+  }
+  return agentImage;
 }
 
 /** The workdir of a task's commands: the task's, else (a Harbor task without one) the image's WORKDIR, else /. */

@@ -102,6 +102,8 @@ export interface SetUpResult {
   imageId: string | undefined;
   /** Where the image came from (a Harbor task's may have been built for it). */
   image: TaskImage;
+  /** A separate verifier's image (Harbor's separate mode), ready before the agent starts. */
+  verifierImage: TaskImage | undefined;
   /** The job's task with what the image decided filled in: the image run, the workdir (a Harbor task's may be the image's). */
   task: TaskSpec;
 }

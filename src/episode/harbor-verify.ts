@@ -14,14 +14,15 @@ import type { AttemptTrail, EpisodeAttempt, Graded, SetUpResult } from './episod
 import { HARBOR_TESTS_RESET, HARBOR_VERIFIER_RESET, runHealthcheck } from './harbor-checks.ts';
 import { readSandboxReward } from './reward-file.ts';
 import { runVerifier } from './run-verifier.ts';
+import { verifySeparately, type SeparateVerifyDeps } from './separate-verifier.ts';
 
 const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
 
 export async function verifyHarbor(
   attempt: EpisodeAttempt,
-  deps: { outputCapBytes: number },
-  made: Pick<SetUpResult, 'archive' | 'proxy'>,
+  deps: SeparateVerifyDeps,
+  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun'>,
   agentRun: AgentRun,
@@ -32,6 +33,11 @@ export async function verifyHarbor(
   try {
     const before = await deadline.run('checking the sandbox', (signal) => session.state(signal));
     if (!before.running && before.initOomKilled) throw new FleetError('agent_crashed', 'the sandbox ran out of memory under the agent and its init was killed');
+    if (harbor.separateVerifier !== undefined) {
+      // Harbor's separate mode: the grader runs in a container of its own (separate-verifier.ts).
+      const { reward, metrics } = await verifySeparately(attempt, deps, made, session, trail, harbor, deadline);
+      return { status: agentRun.timedOut ? 'timeout' : reward >= 1 ? 'passed' : 'failed', reward, metrics };
+    }
     // Every process of every user stops; files stay. The model goes before anything is graded.
     await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
     await deadline.run('closing the model proxy', async () => made.proxy?.close());

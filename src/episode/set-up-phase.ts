@@ -17,7 +17,7 @@ import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
-import { effectiveWorkdir, resolveTaskImage } from '../environments/task-environment.ts';
+import { effectiveWorkdir, resolveTaskImage, resolveVerifierImage } from '../environments/task-environment.ts';
 import { HARBOR_LOGS_SETUP, runHealthcheck } from './harbor-checks.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 
@@ -46,8 +46,14 @@ export async function setUp(
     signal,
     onBuildWait: () => attempt.onPhase?.('build'),
   }));
+  // A separate verifier's image (Harbor's separate mode) is ready before the agent starts, so a build never eats the verification reserve.
+  const verifierImage = await deadline.run('preparing the verifier image', (signal) => resolveVerifierImage(deps, job.task, archive, image, {
+    signal,
+    onBuildWait: () => attempt.onPhase?.('build'),
+  }));
   attempt.onPhase?.('setup');
   made.image = image;
+  made.verifierImage = verifierImage;
   const task: TaskSpec = { ...job.task, image: image.image, workdir: effectiveWorkdir(job.task, image) };
   made.task = task;
   const owner = { fleet: deps.prefix, episodeId: job.episodeId, batchId: job.batchId, workerId: deps.workerId, attempt: attempt.attempt };
@@ -97,7 +103,7 @@ export async function setUp(
       const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
       await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
     }
-    return { archive, runtime, session, proxy, imageId, image, task };
+    return { archive, runtime, session, proxy, imageId, image, verifierImage, task };
   } finally {
     claimed?.refill();
   }

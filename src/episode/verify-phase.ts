@@ -16,7 +16,7 @@ import { runVerifier } from './run-verifier.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } from './episode-attempt.ts';
 
 /** What verification uses of the worker's clients and stores. */
-export type VerifyDeps = Pick<EpisodeDeps, 'evidence' | 'snapshotLimits' | 'log' | 'outputCapBytes'>;
+export type VerifyDeps = Pick<EpisodeDeps, 'evidence' | 'snapshotLimits' | 'log' | 'outputCapBytes' | 'docker' | 'callTimeoutMs' | 'prefix' | 'workerId'>;
 
 /** Where the hidden tests are copied for verification, after the agent stopped. */
 export const TESTS_DIR = '/tests';
@@ -53,7 +53,7 @@ function killedBySignal(agentRun: AgentRun): boolean {
 export async function verify(
   attempt: EpisodeAttempt,
   deps: VerifyDeps,
-  made: Pick<SetUpResult, 'archive' | 'proxy'>,
+  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy'>,
   agentRun: AgentRun,

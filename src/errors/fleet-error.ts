@@ -35,6 +35,8 @@ export type FleetErrorCode =
   | 'agent_crashed'
   /** The agent wrote more than its task's limits.diskMb into the sandbox and was stopped. */
   | 'disk_limit_exceeded'
+  /** An artifact a separate verifier was to get is larger than the evidence snapshot's limit. */
+  | 'artifact_too_large'
   /** The verifier exited with a code that is neither pass (0) nor fail (1). */
   | 'verifier_crashed'
   /** The verifier passed its timeout. */
@@ -85,6 +87,7 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
       return { kind: 'model', retry: true };
     case 'agent_crashed':
     case 'disk_limit_exceeded':
+    case 'artifact_too_large':
       return { kind: 'agent', retry: false };
     case 'verifier_crashed':
     case 'verifier_timeout':

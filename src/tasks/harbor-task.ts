@@ -2,8 +2,8 @@
 // the fleet's TaskSpec, as Harbor v0.22.0 would run it, with the fleet's invariants kept:
 // - the agent's timeout, unset in Harbor ("no limit"), is bounded by the batch's deadline;
 // - the network a phase asks for is recorded, and what runs is capped by the operator (no-network);
-// - what the fleet cannot give is refused by name: GPUs, TPUs, Windows, MCP servers, multi-step tasks,
-//   separate verifier environments and task services (environment/docker-compose.yaml) for now;
+// - what the fleet cannot give is refused by name: GPUs, TPUs, Windows, MCP servers, multi-step tasks
+//   and task services (environment/docker-compose.yaml) for now;
 // - `${VAR}` in `[environment].env` and the other env tables is read from the enqueuing host only
 //   when the name is not a secret's nor a fleet setting's, and never on the API's behalf.
 import path from 'node:path';
@@ -114,9 +114,28 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
   if (env.os.toLowerCase() !== 'linux') problems.push({ file: 'task.toml', message: `environment.os: only "linux" runs here (got ${JSON.stringify(printable(env.os))})` });
   if ((env.mcp_servers?.length ?? 0) > 0) problems.push({ file: 'task.toml', message: `environment.mcp_servers: MCP servers beside the agent are not supported (got ${env.mcp_servers!.length})` });
   if ((toml.steps?.length ?? 0) > 0) problems.push({ file: 'task.toml', message: `steps: multi-step tasks are not supported yet (got ${toml.steps!.length} steps)` });
-  if (toml.verifier.environment !== undefined || toml.verifier.environment_mode === 'separate' || folder.has.testsDockerfile) {
-    problems.push({ file: 'task.toml', message: 'verifier.environment: a separate verifier environment is not supported yet (tests/Dockerfile or [verifier.environment]); the verifier runs in the agent\'s container' });
+  // Harbor's separate verifier: [verifier.environment] (or tests/Dockerfile, or environment_mode = "separate").
+  const separate = toml.verifier.environment !== undefined || toml.verifier.environment_mode === 'separate' || folder.has.testsDockerfile;
+  if (toml.verifier.environment_mode === 'shared' && (toml.verifier.environment !== undefined || folder.has.testsDockerfile)) {
+    problems.push({ file: 'task.toml', message: 'verifier.environment_mode: "shared" with a verifier environment ([verifier.environment] or tests/Dockerfile): say "separate", or remove the environment' });
   }
+  const venv = toml.verifier.environment;
+  if (venv !== undefined) {
+    if ((venv.gpus ?? 0) > 0) problems.push({ file: 'task.toml', message: `verifier.environment.gpus: this fleet's sandboxes have no GPUs (got ${venv.gpus})` });
+    if (venv.os.toLowerCase() !== 'linux') problems.push({ file: 'task.toml', message: `verifier.environment.os: only "linux" runs here (got ${JSON.stringify(printable(venv.os))})` });
+  }
+  const artifacts = (toml.artifacts ?? []).map((a, i) => {
+    const entry = typeof a === 'string' ? { source: a } : a;
+    if (entry.service !== undefined && entry.service !== 'main') problems.push({ file: 'task.toml', message: `artifacts.${i}.service: task services are not supported yet (got ${JSON.stringify(printable(entry.service))})` });
+    if ((entry.exclude?.length ?? 0) > 0) problems.push({ file: 'task.toml', message: `artifacts.${i}.exclude: not supported yet (got ${entry.exclude!.length} patterns)` });
+    if (!entry.source.startsWith('/')) problems.push({ file: 'task.toml', message: `artifacts.${i}.source: an absolute path in the agent's container (got ${JSON.stringify(printable(entry.source))})` });
+    // `destination` is where Harbor saves it on its host: here /logs and the verifier's copies are the evidence.
+    return { source: entry.source };
+  });
+  const collect = (toml.verifier.collect ?? []).map((c, i) => {
+    if (c.service !== 'main') problems.push({ file: 'task.toml', message: `verifier.collect.${i}.service: task services are not supported yet (got ${JSON.stringify(printable(c.service))})` });
+    return { command: c.command, timeoutSec: c.timeout_sec, ...(c.user !== undefined && { user: c.user }) };
+  });
   if (folder.has.compose) problems.push({ file: 'environment/', message: 'docker-compose.yaml: task services are not supported yet; give the task one container (environment/Dockerfile or docker_image)' });
   if (!folder.has.testScript) problems.push({ file: 'tests/', message: 'test.sh: missing (Harbor runs tests/test.sh, which writes /logs/verifier/reward.txt or reward.json)' });
   if (env.docker_image === undefined && !folder.has.dockerfile) {
@@ -131,6 +150,7 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
   const agentEnv = resolveEnv(env.env, 'environment.env', host, problems);
   const verifierEnv = resolveEnv(toml.verifier.env, 'verifier.env', host, problems);
   const solutionEnv = resolveEnv(toml.solution.env, 'solution.env', host, problems);
+  const separateEnv = venv === undefined ? {} : resolveEnv(venv.env, 'verifier.environment.env', host, problems);
   if (problems.length > 0) return { ok: false, problems };
 
   // allow_internet (deprecated): true is "public", false "no-network"; Harbor's default is public.
@@ -146,7 +166,8 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
   // added to the set-up reserve, so a slow but healthy service is not cut short by the fleet.
   const healthcheckSec = healthcheck ? healthcheck.startPeriodSec + healthcheck.retries * (healthcheck.intervalSec + healthcheck.timeoutSec) : 0;
   const setupSec = (defaults.reserves?.setupSec ?? BUILTIN_DEFAULTS.reserves.setupSec) + healthcheckSec;
-  const verifySec = toml.verifier.timeout_sec + 10;
+  // A separate verifier also runs the collect hooks and creates its container within the reserve.
+  const verifySec = toml.verifier.timeout_sec + 10 + (separate ? 30 + collect.reduce((sum, c) => sum + c.timeoutSec, 0) : 0);
   const closeSec = defaults.reserves?.closeSec ?? BUILTIN_DEFAULTS.reserves.closeSec;
   // Harbor's unset agent timeout means no limit; here the batch's deadline (or the fleet's) bounds it.
   const agentSec = toml.agent.timeout_sec ?? defaults.deadlineSec ?? BUILTIN_DEFAULTS.deadlineSec;
@@ -182,6 +203,20 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
       solutionEnv,
       ...(healthcheck && { healthcheck }),
       network,
+      ...(separate && {
+        separateVerifier: {
+          ...(venv?.docker_image !== undefined && { dockerImage: venv.docker_image }),
+          ...(folder.has.testsDockerfile && { build: { timeoutSec: venv?.build_timeout_sec ?? env.build_timeout_sec } }),
+          ...(venv?.workdir !== undefined && { workdir: venv.workdir }),
+          env: separateEnv,
+          limits: {
+            ...((venv?.memory_mb ?? venv?.memory) !== undefined && { memoryMb: venv!.memory_mb ?? venv!.memory }),
+            ...(venv?.cpus !== undefined && { cpus: venv.cpus }),
+          },
+        },
+      }),
+      artifacts,
+      collect,
     },
   };
   return { ok: true, spec };

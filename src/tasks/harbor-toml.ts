@@ -78,12 +78,20 @@ export const HarborTaskToml = z.object({
     network_mode: networkMode.optional(),
     allowed_hosts: hosts.optional(),
     environment_mode: z.enum(['shared', 'separate']).optional(),
-    environment: z.unknown().optional(),
-    collect: z.array(z.unknown()).optional(),
+    environment: HarborEnvironment.optional(),
+    collect: z.array(z.object({
+      command: z.string().min(1).max(64 * 1024),
+      service: z.string().min(1).max(64).default('main'),
+      timeout_sec: seconds.default(60),
+      user: user.optional(),
+    })).max(20).optional(),
   }).default({ timeout_sec: 600, env: {} }),
   solution: z.object({ env: envTable.default({}) }).default({ env: {} }),
   environment: HarborEnvironment.default({ build_timeout_sec: 600, os: 'linux', env: {} }),
-  artifacts: z.array(z.unknown()).optional(),
+  artifacts: z.array(z.union([
+    z.string().min(1).max(4096),
+    z.object({ source: z.string().min(1).max(4096), destination: z.string().min(1).max(4096).optional(), exclude: z.array(z.string()).optional(), service: z.string().min(1).max(64).optional() }),
+  ])).max(100).optional(),
   steps: z.array(z.unknown()).nullable().optional(),
   multi_step_reward_strategy: z.string().optional(),
 });

@@ -223,6 +223,24 @@ export const HarborRun = z.strictObject({
   }).optional(),
   /** The network each phase asked for; the agent and the verifier run with what the operator allows (recorded in the result). */
   network: z.strictObject({ agent: NetworkMode, verifier: NetworkMode }),
+  /**
+   * `[verifier.environment]` or tests/Dockerfile: the verifier runs in a container of its own (Harbor's
+   * separate mode), from its docker_image, else tests/ built (tests/Dockerfile), else the agent's image
+   * afresh; it sees the declared artifacts and /logs/artifacts, nothing else of the agent's container.
+   */
+  separateVerifier: z.strictObject({
+    dockerImage: ImageReference.optional(),
+    build: z.strictObject({ timeoutSec: seconds }).optional(),
+    /** `[verifier.environment].workdir`; unset, the verifier image's WORKDIR (else /). */
+    workdir: absolutePath.optional(),
+    /** `[verifier.environment].env`: the verifier container's environment. */
+    env: PhaseEnv,
+    limits: z.strictObject({ memoryMb: z.number().int().positive().optional(), cpus: z.number().positive().optional() }),
+  }).optional(),
+  /** `artifacts`: paths of the agent's container that a separate verifier gets, at the same absolute paths. */
+  artifacts: z.array(z.strictObject({ source: absolutePath })).max(100).default([]),
+  /** `[[verifier.collect]]` of the main service: run in the agent's container after the agent, before anything is copied out (best effort). */
+  collect: z.array(z.strictObject({ command, timeoutSec: seconds, user: z.string().max(65).optional() })).max(20).default([]),
 }).refine((h) => h.dockerImage !== undefined || h.build !== undefined, 'needs [environment].docker_image or environment/Dockerfile');
 export type HarborRun = z.infer<typeof HarborRun>;
 

@@ -1,0 +1,150 @@
+// Harbor's separate verifier (`[verifier.environment]` or tests/Dockerfile): the tamper-proof mode. The
+// agent never shares a container with the grader's tools: after the agent, the `[[verifier.collect]]`
+// hooks run in its container, /logs/artifacts and the declared artifacts are copied out, and the
+// container is stopped (every process of it gone). A fresh container of the verifier's image (built
+// from tests/ in set-up, or its docker_image, or the agent's image started afresh) gets the artifacts
+// at their absolute paths, and the tests unless its image holds them; then test.sh runs there as
+// [verifier].user with [verifier].env, and the reward file is read from it. Nothing else of the agent's
+// container reaches it: a root agent that replaced python3, pytest or bash replaced them in a
+// container that no longer runs. The verifier's /logs/verifier is copied back into the agent's
+// container's /logs, so evidence is kept in one place, and the verifier's container is removed here
+// (the reaper removes it after a kill -9: it carries the episode's labels).
+import path from 'node:path';
+import type { Readable } from 'node:stream';
+import type { Deadline } from '../deadlines/deadline.ts';
+import { FleetError } from '../errors/fleet-error.ts';
+import { removeEnvironment } from '../sandbox/environment-lease.ts';
+import { harborKeepAlive } from '../sandbox/container-spec.ts';
+import { dockerStatusOf } from '../sandbox/docker-client.ts';
+import { SandboxSession } from '../sandbox/sandbox-session.ts';
+import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
+import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
+import { HARBOR_LOGS_SETUP, HARBOR_VERIFIER_RESET } from './harbor-checks.ts';
+import { readSandboxReward, type Reward } from './reward-file.ts';
+import { runVerifier } from './run-verifier.ts';
+
+export type SeparateVerifyDeps = Pick<EpisodeDeps, 'docker' | 'callTimeoutMs' | 'log' | 'prefix' | 'workerId' | 'outputCapBytes' | 'snapshotLimits'>;
+
+const TESTS_DIR = '/tests';
+const ROOT_OWNER = { uid: 0, gid: 0 } as const;
+
+/** `p` quoted for bash. */
+function shellQuote(p: string): string {
+  return `'${p.replace(/'/g, `'\\''`)}'`;
+}
+
+/** A tar of `source` in `session` (its last path part at the top), at most `capBytes`; undefined when it does not exist. */
+async function copyOut(session: SandboxSession, source: string, capBytes: number, signal: AbortSignal): Promise<Buffer | undefined> {
+  let stream: Readable;
+  try {
+    stream = await session.getArchive(source, signal);
+  } catch (err) {
+    if (dockerStatusOf(err) === 404) return undefined;
+    throw err;
+  }
+  const chunks: Buffer[] = [];
+  let bytes = 0;
+  for await (const chunk of stream as AsyncIterable<Buffer>) {
+    bytes += chunk.length;
+    if (bytes > capBytes) {
+      stream.destroy();
+      throw new FleetError('artifact_too_large', `the artifact ${source} is larger than ${capBytes} bytes (the evidence snapshot's limit)`);
+    }
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks);
+}
+
+export async function verifySeparately(
+  attempt: EpisodeAttempt,
+  deps: SeparateVerifyDeps,
+  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage'>,
+  session: SandboxSession,
+  trail: Pick<AttemptTrail, 'verifyRun'>,
+  harbor: HarborRun,
+  deadline: Deadline,
+): Promise<Reward> {
+  const task: TaskSpec = attempt.job.task;
+  const separate = harbor.separateVerifier!;
+  const image = made.verifierImage;
+  if (image === undefined || made.runtime === undefined) throw new FleetError('docker_error', 'the separate verifier\'s image was not prepared in set-up');
+  const asRootIn = (s: SandboxSession, what: string, command: string) => deadline.run(what, async (signal) => {
+    const run = await s.exec(command, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
+    if (run.exitCode !== 0) throw new FleetError('docker_error', `${what} failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);
+  });
+
+  // 1. The collect hooks, in the agent's container while it still runs: best effort, as in Harbor.
+  for (const [i, hook] of harbor.collect.entries()) {
+    const run = await deadline.run(`running verifier.collect.${i}`, (signal) => session.exec(hook.command, {
+      timeoutMs: hook.timeoutSec * 1000, capBytes: 64 * 1024, user: hook.user ?? '', signal,
+    })).catch((err: unknown) => ({ exitCode: null, timedOut: false, error: String(err) }));
+    if (run.exitCode !== 0) deps.log.info({ episodeId: attempt.job.episodeId, hook: i, exitCode: run.exitCode, timedOut: run.timedOut }, 'a verifier.collect hook failed (best effort: grading goes on)');
+  }
+  // 2. What the verifier may see, copied out: /logs/artifacts and the declared artifacts.
+  const cap = deps.snapshotLimits.maxBytes;
+  const carried: { dir: string; tar: Buffer }[] = [];
+  for (const source of ['/logs/artifacts', ...harbor.artifacts.map((a) => a.source)]) {
+    const tar = await deadline.run(`copying ${source} out`, (signal) => copyOut(session, source, cap, signal));
+    if (tar === undefined) {
+      deps.log.info({ episodeId: attempt.job.episodeId, source }, 'an artifact is missing from the agent\'s container');
+      continue;
+    }
+    carried.push({ dir: path.posix.dirname(source), tar });
+  }
+  // 3. The agent's container stops (a reward file planted in its /logs/verifier goes first); the model too.
+  await asRootIn(session, 'emptying the agent\'s /logs/verifier', HARBOR_VERIFIER_RESET);
+  await deadline.run('stopping the agent\'s container', (signal) => session.kill(signal));
+  await deadline.run('closing the model proxy', async () => made.proxy?.close());
+
+  // 4. The verifier's own container, owned by the episode (its labels let the reaper find it).
+  const owner = { fleet: deps.prefix, episodeId: attempt.job.episodeId, batchId: attempt.job.batchId, workerId: deps.workerId, attempt: attempt.attempt };
+  let verifierId: string | undefined;
+  let verifier: SandboxSession | undefined;
+  try {
+    const workdir = separate.workdir ?? (image.config.workdir.startsWith('/') ? image.config.workdir : '/');
+    verifier = await deadline.run('creating the verifier\'s container', (signal) => SandboxSession.open(
+      { docker: deps.docker, log: deps.log, callTimeoutMs: deps.callTimeoutMs },
+      {
+        image: image.image, workdir, owner,
+        limits: { ...task.limits, ...separate.limits },
+        mounts: [made.runtime!.mount],
+        harbor: { env: separate.env, user: harbor.verifierUser, keepAlive: harborKeepAlive(made.runtime!.mountPath) },
+      },
+      (id) => (verifierId = id),
+      signal,
+    ), (late) => {
+      late.stopWatching();
+      void removeEnvironment(deps.docker, late.containerId, deps.callTimeoutMs).catch(() => undefined);
+    });
+    const v = verifier;
+    await asRootIn(v, 'making /logs in the verifier\'s container', `${HARBOR_LOGS_SETUP} && ${HARBOR_VERIFIER_RESET}`);
+    for (const { dir, tar } of carried) {
+      await asRootIn(v, `making ${dir} in the verifier's container`, `mkdir -p ${shellQuote(dir)}`);
+      await deadline.run(`restoring the artifacts into ${dir}`, (signal) => v.putArchive(tar, dir, signal));
+    }
+    // Harbor's verifier image holds /tests/test.sh; one that does not gets tests/ (never the agent's container).
+    const hasTests = await deadline.run('looking for /tests/test.sh', (signal) => v.exec(`test -f ${TESTS_DIR}/test.sh`, { timeoutMs: 30_000, capBytes: 1024, user: '0', workdir: '/', signal }));
+    if (hasTests.exitCode !== 0) {
+      const tests = await made.archive.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
+      await deadline.run('copying the tests in', (signal) => v.putArchive(tests, '/', signal));
+    }
+    await asRootIn(v, 'making test.sh executable', `chmod +x ${TESTS_DIR}/test.sh`);
+    await runVerifier(v, deadline, trail, task.verify.command, task.verify.timeoutSec, {
+      capBytes: deps.outputCapBytes, env: harbor.verifierEnv, user: harbor.verifierUser ?? '',
+    });
+    return await deadline.run('reading the reward file', (signal) => readSandboxReward(v, signal));
+  } finally {
+    // The verifier's logs join the agent's container's /logs, which close keeps as evidence.
+    if (verifier !== undefined) {
+      const v = verifier;
+      await copyOut(v, '/logs/verifier', cap, AbortSignal.timeout(deps.callTimeoutMs))
+        .then((tar) => tar && session.putArchive(tar, '/logs', AbortSignal.timeout(deps.callTimeoutMs)))
+        .catch((err: unknown) => deps.log.warn({ episodeId: attempt.job.episodeId, err: String(err) }, 'keeping the verifier\'s /logs/verifier failed'));
+      v.stopWatching();
+    }
+    if (verifierId !== undefined) {
+      await removeEnvironment(deps.docker, verifierId, deps.callTimeoutMs)
+        .catch((err: unknown) => deps.log.warn({ episodeId: attempt.job.episodeId, containerId: verifierId, err: String(err) }, 'removing the verifier\'s container failed; the reaper will'));
+    }
+  }
+}
