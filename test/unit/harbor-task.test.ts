@@ -20,6 +20,8 @@ afterAll(async () => {
   await rm(scratch, { recursive: true, force: true });
 });
 
+const SEPARATE = path.join(FIXTURES, '..', 'harbor-separate');
+
 /** A copy of a fixture to break, with `edit` applied. */
 async function variant(name: string, fixture: string, edit: (dir: string) => Promise<void>): Promise<string> {
   const dir = path.join(scratch, name);
@@ -52,6 +54,17 @@ describe('Harbor task folders', () => {
       schemaVersion: '1.0', build: { timeoutSec: 300 }, uploadEnvironment: false, workdirFromImage: true,
       network: { agent: 'public', verifier: 'public' },
     });
+  });
+
+  it('resolves a separate verifier: built from tests/, or its docker_image, or the agent\'s image; its reserve covers the hooks', async () => {
+    const own = (await loadTask(path.join(SEPARATE, 'own-image'))).spec;
+    expect(own.harbor).toMatchObject({ separateVerifier: { build: { timeoutSec: 300 }, env: {}, limits: { memoryMb: 512 } }, artifacts: [{ source: '/app/answer.txt' }], collect: [] });
+    expect(own.reserves.verifySec).toBe(60 + 10 + 30);
+    const fresh = (await loadTask(path.join(SEPARATE, 'fresh-copy'))).spec;
+    expect(fresh.harbor?.separateVerifier).toEqual({ env: {}, limits: {} });
+    expect(fresh.harbor?.collect).toEqual([{ command: 'cp /app/state.json /logs/artifacts/state.json', timeoutSec: 10 }]);
+    expect(fresh.reserves.verifySec).toBe(60 + 10 + 30 + 10);
+    expect((await loadTask(path.join(FIXTURES, 'hello-file'))).spec.harbor?.separateVerifier).toBeUndefined();
   });
 
   it('takes docker_image, workdir, users, env tables and the healthcheck', async () => {
@@ -123,7 +136,13 @@ describe('broken Harbor task folders are refused, naming the file and the field'
     ['Windows', (d) => writeFile(path.join(d, 'task.toml'), '[environment]\nos = "windows"\n'), 'task.toml: environment.os: only "linux" runs here (got "windows")'],
     ['an MCP server', (d) => writeFile(path.join(d, 'task.toml'), '[[environment.mcp_servers]]\nname = "x"\ntransport = "stdio"\ncommand = "x"\n'), 'task.toml: environment.mcp_servers: MCP servers beside the agent are not supported (got 1)'],
     ['multi-step', (d) => writeFile(path.join(d, 'task.toml'), '[[steps]]\nname = "one"\n'), 'task.toml: steps: multi-step tasks are not supported yet'],
-    ['a separate verifier', (d) => writeFile(path.join(d, 'tests', 'Dockerfile'), 'FROM ubuntu:24.04\n'), 'task.toml: verifier.environment: a separate verifier environment is not supported yet'],
+    ['a shared verifier with an environment of its own', async (d) => {
+      await writeFile(path.join(d, 'tests', 'Dockerfile'), 'FROM ubuntu:24.04\n');
+      await writeFile(path.join(d, 'task.toml'), '[verifier]\nenvironment_mode = "shared"\n');
+    }, 'task.toml: verifier.environment_mode: "shared" with a verifier environment'],
+    ['an artifact of a sidecar', (d) => writeFile(path.join(d, 'task.toml'), 'artifacts = [{ source = "/data", service = "db" }]\n'), 'task.toml: artifacts.0.service: task services are not supported yet (got "db")'],
+    ['a relative artifact', (d) => writeFile(path.join(d, 'task.toml'), 'artifacts = ["out.txt"]\n'), 'task.toml: artifacts.0.source: an absolute path in the agent\'s container (got "out.txt")'],
+    ['a collect hook of a sidecar', (d) => writeFile(path.join(d, 'task.toml'), '[[verifier.collect]]\ncommand = "true"\nservice = "db"\n'), 'task.toml: verifier.collect.0.service: task services are not supported yet'],
     ['task services', (d) => writeFile(path.join(d, 'environment', 'docker-compose.yaml'), 'services: {}\n'), 'environment/: docker-compose.yaml: task services are not supported yet'],
     ['no image at all', (d) => rm(path.join(d, 'environment', 'Dockerfile')), 'environment/: Dockerfile: missing, and task.toml sets no environment.docker_image'],
     ['no test.sh', (d) => rm(path.join(d, 'tests', 'test.sh')), 'tests/: test.sh: missing'],
