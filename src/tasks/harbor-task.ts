@@ -26,6 +26,13 @@ export interface HarborFolder {
   tomlText: string;
   instruction: string;
   has: { dockerfile: boolean; compose: boolean; testScript: boolean; testsDockerfile: boolean };
+  /** The folders under steps/ (multi-step tasks): each one's instruction.md and what else it holds. */
+  steps?: Record<string, HarborStepFolder>;
+}
+
+export interface HarborStepFolder {
+  instruction: string | undefined;
+  has: { workdir: boolean; setup: boolean; tests: boolean; testScript: boolean; solution: boolean };
 }
 
 /** Where `${VAR}` values come from: the producer's environment, or none (a request to the API). */
@@ -36,7 +43,7 @@ export const HARBOR_BUILT_IMAGE = 'rollout-fleet/env:built';
 
 /** A problem of the folder: which file, which field, what is wrong. */
 export interface HarborProblem {
-  file: 'task.toml' | 'instruction.md' | 'environment/' | 'tests/';
+  file: 'task.toml' | 'instruction.md' | 'environment/' | 'tests/' | `steps/${string}`;
   message: string;
 }
 
@@ -113,7 +120,8 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
   if (env.tpu !== undefined) problems.push({ file: 'task.toml', message: 'environment.tpu: this fleet\'s sandboxes have no TPUs (got a value)' });
   if (env.os.toLowerCase() !== 'linux') problems.push({ file: 'task.toml', message: `environment.os: only "linux" runs here (got ${JSON.stringify(printable(env.os))})` });
   if ((env.mcp_servers?.length ?? 0) > 0) problems.push({ file: 'task.toml', message: `environment.mcp_servers: MCP servers beside the agent are not supported (got ${env.mcp_servers!.length})` });
-  if ((toml.steps?.length ?? 0) > 0) problems.push({ file: 'task.toml', message: `steps: multi-step tasks are not supported yet (got ${toml.steps!.length} steps)` });
+  const tomlSteps = toml.steps ?? [];
+  const multiStep = tomlSteps.length > 0;
   // Harbor's separate verifier: [verifier.environment] (or tests/Dockerfile, or environment_mode = "separate").
   const separate = toml.verifier.environment !== undefined || toml.verifier.environment_mode === 'separate' || folder.has.testsDockerfile;
   if (toml.verifier.environment_mode === 'shared' && (toml.verifier.environment !== undefined || folder.has.testsDockerfile)) {
@@ -137,15 +145,45 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
     return { command: c.command, timeoutSec: c.timeout_sec, ...(c.user !== undefined && { user: c.user }) };
   });
   if (folder.has.compose) problems.push({ file: 'environment/', message: 'docker-compose.yaml: task services are not supported yet; give the task one container (environment/Dockerfile or docker_image)' });
-  if (!folder.has.testScript) problems.push({ file: 'tests/', message: 'test.sh: missing (Harbor runs tests/test.sh, which writes /logs/verifier/reward.txt or reward.json)' });
+  if (!folder.has.testScript && !multiStep) problems.push({ file: 'tests/', message: 'test.sh: missing (Harbor runs tests/test.sh, which writes /logs/verifier/reward.txt or reward.json)' });
   if (env.docker_image === undefined && !folder.has.dockerfile) {
     problems.push({ file: 'environment/', message: 'Dockerfile: missing, and task.toml sets no environment.docker_image: the task has no image' });
   }
 
-  const instruction = stripCanary(folder.instruction);
-  const instructionBytes = Buffer.byteLength(instruction);
-  if (instruction.trim() === '') problems.push({ file: 'instruction.md', message: 'empty (after its canary lines): the agent would have nothing to do' });
-  else if (instructionBytes > MAX_INSTRUCTION_BYTES) problems.push({ file: 'instruction.md', message: `at most ${MAX_INSTRUCTION_BYTES} bytes (got ${instructionBytes} bytes)` });
+  const checkInstruction = (text: string, file: HarborProblem['file']): string => {
+    const stripped = stripCanary(text);
+    const bytes = Buffer.byteLength(stripped);
+    if (stripped.trim() === '') problems.push({ file, message: 'empty (after its canary lines): the agent would have nothing to do' });
+    else if (bytes > MAX_INSTRUCTION_BYTES) problems.push({ file, message: `at most ${MAX_INSTRUCTION_BYTES} bytes (got ${bytes} bytes)` });
+    return stripped;
+  };
+  // Multi-step: each step's folder under steps/ gives its instruction, tests and solution.
+  const steps = tomlSteps.map((step, i) => {
+    const dir = folder.steps?.[step.name];
+    const at = `steps/${step.name}` as const;
+    if (dir === undefined) {
+      problems.push({ file: 'task.toml', message: `steps.${i}.name: no folder steps/${printable(step.name)}/ (it holds the step's instruction.md and tests)` });
+      return undefined;
+    }
+    if (dir.instruction === undefined) problems.push({ file: at, message: 'instruction.md: missing' });
+    if (!dir.has.testScript && !folder.has.testScript) problems.push({ file: at, message: 'tests/test.sh: missing, and the task has no tests/test.sh for every step' });
+    if ((step.artifacts?.length ?? 0) > 0) problems.push({ file: 'task.toml', message: `steps.${i}.artifacts: per-step artifacts are not supported yet (got ${step.artifacts!.length})` });
+    const hc = step.healthcheck;
+    return {
+      name: step.name,
+      instruction: checkInstruction(dir.instruction ?? 'x', `${at}/instruction.md` as HarborProblem['file']),
+      agentTimeoutSec: step.agent.timeout_sec ?? toml.agent.timeout_sec ?? defaults.deadlineSec ?? BUILTIN_DEFAULTS.deadlineSec,
+      verifierTimeoutSec: step.verifier.timeout_sec ?? toml.verifier.timeout_sec,
+      ...((step.agent.user ?? toml.agent.user) !== undefined && { agentUser: step.agent.user ?? toml.agent.user }),
+      ...((step.verifier.user ?? toml.verifier.user) !== undefined && { verifierUser: step.verifier.user ?? toml.verifier.user }),
+      verifierEnv: { ...resolveEnv(toml.verifier.env, 'verifier.env', host, problems), ...resolveEnv(step.verifier.env, `steps.${i}.verifier.env`, host, problems) },
+      ...(step.min_reward !== undefined && { minReward: typeof step.min_reward === 'number' ? { reward: step.min_reward } : step.min_reward }),
+      ...(hc && { healthcheck: { command: hc.command, intervalSec: hc.interval_sec, timeoutSec: hc.timeout_sec, startPeriodSec: hc.start_period_sec, startIntervalSec: hc.start_interval_sec, retries: hc.retries } }),
+      has: { workdir: dir.has.workdir, setup: dir.has.setup, tests: dir.has.tests, solution: dir.has.solution },
+    };
+  });
+  if (multiStep && separate) problems.push({ file: 'task.toml', message: 'steps: a multi-step task with a separate verifier is not supported yet' });
+  const instruction = multiStep && folder.instruction.trim() === '' ? (steps[0]?.instruction ?? '') : checkInstruction(folder.instruction, 'instruction.md');
 
   const agentEnv = resolveEnv(env.env, 'environment.env', host, problems);
   const verifierEnv = resolveEnv(toml.verifier.env, 'verifier.env', host, problems);
@@ -167,10 +205,15 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
   const healthcheckSec = healthcheck ? healthcheck.startPeriodSec + healthcheck.retries * (healthcheck.intervalSec + healthcheck.timeoutSec) : 0;
   const setupSec = (defaults.reserves?.setupSec ?? BUILTIN_DEFAULTS.reserves.setupSec) + healthcheckSec;
   // A separate verifier also runs the collect hooks and creates its container within the reserve.
-  const verifySec = toml.verifier.timeout_sec + 10 + (separate ? 30 + collect.reduce((sum, c) => sum + c.timeoutSec, 0) : 0);
+  const stepsRun = steps.filter((st) => st !== undefined);
+  const verifySec = multiStep
+    ? stepsRun.reduce((sum, st) => sum + st.verifierTimeoutSec + 10, 0)
+    : toml.verifier.timeout_sec + 10 + (separate ? 30 + collect.reduce((sum, c) => sum + c.timeoutSec, 0) : 0);
   const closeSec = defaults.reserves?.closeSec ?? BUILTIN_DEFAULTS.reserves.closeSec;
   // Harbor's unset agent timeout means no limit; here the batch's deadline (or the fleet's) bounds it.
-  const agentSec = toml.agent.timeout_sec ?? defaults.deadlineSec ?? BUILTIN_DEFAULTS.deadlineSec;
+  const agentSec = multiStep
+    ? stepsRun.reduce((sum, st) => sum + st.agentTimeoutSec, 0)
+    : toml.agent.timeout_sec ?? defaults.deadlineSec ?? BUILTIN_DEFAULTS.deadlineSec;
 
   const workdir = env.workdir;
   const memoryMb = env.memory_mb ?? env.memory;
@@ -180,7 +223,7 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
     instruction,
     image: env.docker_image ?? HARBOR_BUILT_IMAGE,
     workdir: workdir ?? '/',
-    verify: { command: HARBOR_TEST_COMMAND, timeoutSec: toml.verifier.timeout_sec },
+    verify: { command: HARBOR_TEST_COMMAND, timeoutSec: multiStep ? Math.max(...stepsRun.map((st) => st.verifierTimeoutSec)) : toml.verifier.timeout_sec },
     deadlineSec: setupSec + agentSec + verifySec + closeSec,
     limits: {
       ...BUILTIN_DEFAULTS.limits,
@@ -217,6 +260,7 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
       }),
       artifacts,
       collect,
+      ...(multiStep && { steps: stepsRun, stepStrategy: toml.multi_step_reward_strategy ?? 'mean' }),
     },
   };
   return { ok: true, spec };

@@ -92,7 +92,14 @@ export const HarborTaskToml = z.object({
     z.string().min(1).max(4096),
     z.object({ source: z.string().min(1).max(4096), destination: z.string().min(1).max(4096).optional(), exclude: z.array(z.string()).optional(), service: z.string().min(1).max(64).optional() }),
   ])).max(100).optional(),
-  steps: z.array(z.unknown()).nullable().optional(),
-  multi_step_reward_strategy: z.string().optional(),
+  steps: z.array(z.object({
+    name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'a step name (letters, digits, _ . -), the name of its folder under steps/'),
+    agent: z.object({ timeout_sec: seconds.optional(), user: user.optional() }).default({}),
+    verifier: z.object({ timeout_sec: seconds.optional(), env: envTable.default({}), user: user.optional() }).default({ env: {} }),
+    min_reward: z.union([z.number(), z.record(z.string(), z.number())]).optional(),
+    healthcheck: HarborHealthcheck.optional(),
+    artifacts: z.array(z.unknown()).optional(),
+  })).max(50).nullable().optional(),
+  multi_step_reward_strategy: z.enum(['mean', 'final']).optional(),
 });
 export type HarborTaskToml = z.infer<typeof HarborTaskToml>;

@@ -13,7 +13,7 @@ import { printable } from '../errors/printable.ts';
 import type { Redis } from 'ioredis';
 import { BatchFile } from './batch-spec.ts';
 import { getTaskArchive } from './task-store.ts';
-import { HARBOR_FILES, resolveHarborTask, type HarborFolder, type HostEnv } from './harbor-task.ts';
+import { HARBOR_FILES, resolveHarborTask, type HarborFolder, type HarborStepFolder, type HostEnv } from './harbor-task.ts';
 import type { TaskArchive } from './task-archive.ts';
 import { TaskFile, TaskSpec, resolveTask, type TaskDefaults } from './task-spec.ts';
 import { isTerminalBench1Folder, mapTerminalBench1, Tb1Problem } from './terminal-bench-1.ts';
@@ -157,15 +157,60 @@ async function loadHarborFolder(dir: string, defaults: TaskDefaults, hostEnv: Ho
   const folder: HarborFolder = {
     name: as.name,
     tomlText: await readBounded(path.join(dir, HARBOR_FILES.toml), true),
-    instruction: await readBounded(path.join(dir, HARBOR_FILES.instruction), true),
+    // A multi-step task may keep its instructions in steps/<name>/ only.
+    instruction: await isDir(path.join(dir, 'steps')) && !(await isFile(path.join(dir, HARBOR_FILES.instruction)))
+      ? ''
+      : await readBounded(path.join(dir, HARBOR_FILES.instruction), true),
     has: {
       dockerfile: await isFile(path.join(dir, HARBOR_FILES.dockerfile)),
       compose: (await Promise.all(HARBOR_FILES.compose.map((f) => isFile(path.join(dir, f))))).some(Boolean),
       testScript: await isFile(path.join(dir, HARBOR_FILES.testScript)),
       testsDockerfile: await isFile(path.join(dir, HARBOR_FILES.testsDockerfile)),
     },
+    ...(await isDir(path.join(dir, 'steps')) && { steps: await stepFolders(path.join(dir, 'steps')) }),
   };
   return resolveHarbor(folder, as.where, defaults, hostEnv);
+}
+
+/** The folders of a multi-step task's steps/, each with its instruction.md (bounded) and what it holds. */
+async function stepFolders(stepsDir: string): Promise<Record<string, HarborStepFolder>> {
+  const out: Record<string, HarborStepFolder> = {};
+  for (const d of await readdir(stepsDir, { withFileTypes: true })) {
+    if (!d.isDirectory()) continue;
+    const at = path.join(stepsDir, d.name);
+    out[d.name] = {
+      instruction: await isFile(path.join(at, 'instruction.md')) ? await readBounded(path.join(at, 'instruction.md'), true) : undefined,
+      has: {
+        workdir: await isDir(path.join(at, 'workdir')),
+        setup: await isFile(path.join(at, 'workdir', 'setup.sh')),
+        tests: await isDir(path.join(at, 'tests')),
+        testScript: await isFile(path.join(at, 'tests', 'test.sh')),
+        solution: await isFile(path.join(at, 'solution', 'solve.sh')),
+      },
+    };
+  }
+  return out;
+}
+
+/** The step folders of a stored archive (names from its entries under steps/). */
+function archiveStepFolders(archive: TaskArchive): Record<string, HarborStepFolder> | undefined {
+  const names = new Set<string>();
+  for (const name of archive.names()) {
+    const m = /^steps\/([^/]+)\//.exec(name);
+    if (m) names.add(m[1]!);
+  }
+  if (names.size === 0) return undefined;
+  const has = (f: string) => archive.readText(f) !== undefined;
+  return Object.fromEntries([...names].map((n) => [n, {
+    instruction: archive.readText(`steps/${n}/instruction.md`),
+    has: {
+      workdir: archive.has(`steps/${n}/workdir`),
+      setup: has(`steps/${n}/workdir/setup.sh`),
+      tests: archive.has(`steps/${n}/tests`),
+      testScript: has(`steps/${n}/tests/test.sh`),
+      solution: has(`steps/${n}/solution/solve.sh`),
+    },
+  }]));
 }
 
 /** A Harbor folder read from a stored archive (the API's way in: no `${VAR}` comes from this host). */
@@ -183,6 +228,7 @@ function harborFolderOf(archive: TaskArchive, name: string): HarborFolder | unde
       testScript: has(HARBOR_FILES.testScript),
       testsDockerfile: has(HARBOR_FILES.testsDockerfile),
     },
+    ...(archiveStepFolders(archive) !== undefined && { steps: archiveStepFolders(archive)! }),
   };
 }
 

@@ -9,7 +9,7 @@ import { FleetError } from '../errors/fleet-error.ts';
 import { printable } from '../errors/printable.ts';
 
 /** What of a task folder goes into its archive: the fleet's format, then Harbor's (absent parts are skipped). */
-export const TASK_PARTS = ['task.yaml', 'workspace', 'tests', 'solution', 'task.toml', 'instruction.md', 'environment'] as const;
+export const TASK_PARTS = ['task.yaml', 'workspace', 'tests', 'solution', 'task.toml', 'instruction.md', 'environment', 'steps'] as const;
 
 /** Task archives live in Redis; keep them small (images are for big environments). */
 export const MAX_TASK_ARCHIVE_BYTES = 32 * 1024 * 1024;

@@ -37,6 +37,11 @@ export class TaskArchive {
     return new TaskArchive(digest, entries);
   }
 
+  /** The names of every entry, in the archive's order. */
+  names(): string[] {
+    return this.entries.map((e) => e.header.name);
+  }
+
   /** True when the archive has a folder `part/` (e.g. solution). */
   has(part: string): boolean {
     return this.entries.some((e) => e.header.name.startsWith(`${part}/`));

@@ -185,6 +185,15 @@ export const HARBOR_LOGS_DIR = '/logs';
 /** How Harbor runs a task's tests (H:verifier/verifier.py): the script's exit code is ignored, the reward file counts. */
 export const HARBOR_TEST_COMMAND = '(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1';
 
+const HealthcheckSpec = z.strictObject({
+  command,
+  intervalSec: seconds,
+  timeoutSec: seconds,
+  startPeriodSec: z.number().min(0).max(24 * 3600),
+  startIntervalSec: seconds,
+  retries: z.number().int().min(1).max(1_000),
+});
+
 /**
  * How a Harbor task folder (task.toml) runs, as resolved at enqueue (src/tasks/harbor-task.ts): the
  * image comes from `docker_image` when the engine has it, else from environment/ built by the fleet;
@@ -213,14 +222,7 @@ export const HarborRun = z.strictObject({
   /** `[solution].env`: the oracle's environment (with DEBIAN_FRONTEND=noninteractive). */
   solutionEnv: PhaseEnv,
   /** `[environment.healthcheck]`: run until it passes before the agent starts. */
-  healthcheck: z.strictObject({
-    command,
-    intervalSec: seconds,
-    timeoutSec: seconds,
-    startPeriodSec: z.number().min(0).max(24 * 3600),
-    startIntervalSec: seconds,
-    retries: z.number().int().min(1).max(1_000),
-  }).optional(),
+  healthcheck: HealthcheckSpec.optional(),
   /** The network each phase asked for; the agent and the verifier run with what the operator allows (recorded in the result). */
   network: z.strictObject({ agent: NetworkMode, verifier: NetworkMode }),
   /**
@@ -239,6 +241,25 @@ export const HarborRun = z.strictObject({
   }).optional(),
   /** `artifacts`: paths of the agent's container that a separate verifier gets, at the same absolute paths. */
   artifacts: z.array(z.strictObject({ source: absolutePath })).max(100).default([]),
+  /**
+   * `[[steps]]`: one environment, the steps in order (Harbor's multi-step tasks). Each has its own
+   * instruction, agent and verifier timeouts, steps/<name>/workdir/ (and its setup.sh) put into the
+   * workdir first, its tests/ over the task's, and a min_reward gate that stops the later steps.
+   */
+  steps: z.array(z.strictObject({
+    name: z.string().max(64),
+    instruction,
+    agentTimeoutSec: seconds,
+    verifierTimeoutSec: seconds,
+    agentUser: z.string().max(65).optional(),
+    verifierUser: z.string().max(65).optional(),
+    verifierEnv: PhaseEnv,
+    minReward: z.record(z.string(), z.number()).optional(),
+    healthcheck: HealthcheckSpec.optional(),
+    has: z.strictObject({ workdir: z.boolean(), setup: z.boolean(), tests: z.boolean(), solution: z.boolean() }),
+  })).max(50).optional(),
+  /** `multi_step_reward_strategy`: the per-key mean over the steps graded, or the last step graded. */
+  stepStrategy: z.enum(['mean', 'final']).optional(),
   /** `[[verifier.collect]]` of the main service: run in the agent's container after the agent, before anything is copied out (best effort). */
   collect: z.array(z.strictObject({ command, timeoutSec: seconds, user: z.string().max(65).optional() })).max(20).default([]),
 }).refine((h) => h.dockerImage !== undefined || h.build !== undefined, 'needs [environment].docker_image or environment/Dockerfile');
