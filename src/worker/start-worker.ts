@@ -42,6 +42,10 @@ import { startHostFacts } from './host-facts.ts';
 import { startLease } from '../cleanup/worker-lease.ts';
 import { SandboxPool } from '../sandbox/sandbox-pool.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
+import { startPruneSchedule, type PruneSchedule } from '../environments/prune-schedule.ts';
+import { prepareQueueName } from '../environments/prepare-job.ts';
+import { prepareProcessor } from '../../queues/prepare/processor.ts';
+import { engineId } from '../sandbox/docker-client.ts';
 
 export interface WorkerOptions {
   redisUrl: string;
@@ -105,6 +109,11 @@ export interface WorkerOptions {
    * at close) into the artifact store; tests pass a short one. @default 30000
    */
   outboxIntervalMs?: number;
+  /**
+   * The built environment images of this worker's engine held to a disk budget, least recently used
+   * removed first, every `everyMs` (0: never), by one worker of the engine per interval. @default 50 GiB, every 10 min, 10 min idle
+   */
+  envPrune?: { budgetBytes: number; everyMs: number; minIdleMs: number };
 }
 
 export interface CloseOutcome {
@@ -123,6 +132,8 @@ export interface WorkerHandle {
   admission: AdmissionRunner;
   /** The episodes Worker's concurrency now (BullMQ's own setting, which the allowance drives). */
   concurrency(): number;
+  /** The schedule holding this engine's built environment images to their disk budget. */
+  envPrune: PruneSchedule;
   /**
    * Stop taking jobs; running episodes get the drain timeout, then go back to the queue. Settles within
    * drainTimeoutMs + closeGraceMs whatever Redis does: an episode whose stop and close take longer is
@@ -258,6 +269,30 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     onError: outages.listener(`${CHECKPOINTS_QUEUE}-worker`, 'worker error', 'error'),
   });
 
+  // Built environment images are pruned per engine: each worker's timer, one run per engine and interval.
+  const envPrune = startPruneSchedule({
+    docker, redis: connection, prefix, log, callTimeoutMs: opts.callTimeoutMs,
+    budgetBytes: opts.envPrune?.budgetBytes ?? 50 * 2 ** 30, everyMs: opts.envPrune?.everyMs ?? 600_000, minIdleMs: opts.envPrune?.minIdleMs ?? 600_000,
+  });
+  // `rollout-fleet prepare` addresses each engine's queue: this worker takes its engine's, once it
+  // knows the engine's id (an engine down at start is asked again every few seconds).
+  let prepare: Worker | undefined;
+  let closingPrepare = false;
+  const prepareReady = (async () => {
+    for (;;) {
+      try {
+        const engine = await engineId(docker, { timeoutMs: opts.callTimeoutMs });
+        if (closingPrepare) return;
+        prepare = new Worker(prepareQueueName(engine), prepareProcessor({ docker, redis: connection, prefix, log, workerId, callTimeoutMs: opts.callTimeoutMs }), { ...workerOpts, concurrency: 2 });
+        prepare.on('error', outages.listener('prepare-worker', 'worker error', 'error'));
+        return;
+      } catch (err) {
+        log.warn({ err: String(err) }, 'engine id unknown: prepare jobs of this host wait');
+        await new Promise((resolve) => setTimeout(resolve, 5_000).unref());
+        if (closingPrepare) return;
+      }
+    }
+  })();
   for (const w of [episodes, cleanup, batches]) w.on('error', outages.listener(`${w.name}-worker`, 'worker error', 'error'));
   episodes.on('failed', episodeFailedListener(episodeDeps));
   log.info({ workerId, concurrency: opts.concurrency, autotune: admission.autotune, allowance: admission.allowance }, 'worker started');
@@ -267,6 +302,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     running,
     admission,
     concurrency: () => episodes.concurrency,
+    envPrune,
     async close() {
       // One deadline for the whole close: a Redis that does not answer (down, or back without our
       // keys) must not keep a stopping worker alive, so every step is raced against it.
@@ -296,14 +332,15 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       await step('sandbox pool', () => pool.drain());
       await step('runtime warm-up', () => warmUp);
       await step('checkpoint sink', () => checkpointSink.close());
-      await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close()]));
+      closingPrepare = true;
+      await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close(), envPrune.stop(), prepareReady.then(() => prepare?.close())]));
       stopOutbox();
       await step('lease', () => Promise.all([lease.stop(), hostFacts.stop()]));
       await step('queues', () => Promise.all([cleanupQueue.close(), checkpointsQueue.close()]));
       await step('connections', () => Promise.all([subscriber, connection].map((c) => c.quit().catch(() => c.disconnect()))));
       if (cutShort.length > 0) {
         // Cut what is left: no reconnecting, no queued commands keeping the process alive.
-        for (const w of [episodes, cleanup, checkpoints, batches]) void w.close(true).catch(() => undefined);
+        for (const w of [episodes, cleanup, checkpoints, batches, ...(prepare ? [prepare] : [])]) void w.close(true).catch(() => undefined);
         subscriber.disconnect();
         connection.disconnect();
         log.warn({ workerId, cutShort, notHandedBack, outages: outages.outages() }, 'close deadline passed: connections cut');
