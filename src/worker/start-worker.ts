@@ -19,6 +19,7 @@ import { EPISODES_QUEUE, episodeBackoffMs } from '../episode/episode-job.ts';
 import { CHECKPOINTS_QUEUE } from '../checkpoints/checkpoint-job.ts';
 import { episodeFailedListener, episodeProcessor, type EpisodeProcessorDeps } from '../../queues/episodes/processor.ts';
 import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { sandboxPrograms } from '../agent/sandbox-programs.ts';
 import { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
 import type { ArtifactStore } from '../artifacts/artifact-store.ts';
@@ -277,19 +278,19 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   // `rollout-fleet prepare` addresses each engine's queue: this worker takes its engine's, once it
   // knows the engine's id (an engine down at start is asked again every few seconds).
   let prepare: Worker | undefined;
-  let closingPrepare = false;
-  const prepareReady = (async () => {
-    for (;;) {
+  const prepareStop = new AbortController();
+  void (async () => {
+    while (!prepareStop.signal.aborted) {
       try {
-        const engine = await engineId(docker, { timeoutMs: opts.callTimeoutMs });
-        if (closingPrepare) return;
+        const engine = await engineId(docker, { timeoutMs: opts.callTimeoutMs, signal: prepareStop.signal });
+        if (prepareStop.signal.aborted) return;
         prepare = new Worker(prepareQueueName(engine), prepareProcessor({ docker, redis: connection, prefix, log, workerId, callTimeoutMs: opts.callTimeoutMs }), { ...workerOpts, concurrency: 2 });
         prepare.on('error', outages.listener('prepare-worker', 'worker error', 'error'));
         return;
       } catch (err) {
+        if (prepareStop.signal.aborted) return;
         log.warn({ err: String(err) }, 'engine id unknown: prepare jobs of this host wait');
-        await new Promise((resolve) => setTimeout(resolve, 5_000).unref());
-        if (closingPrepare) return;
+        await sleep(5_000, undefined, { signal: prepareStop.signal }).catch(() => undefined);
       }
     }
   })();
@@ -332,8 +333,8 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       await step('sandbox pool', () => pool.drain());
       await step('runtime warm-up', () => warmUp);
       await step('checkpoint sink', () => checkpointSink.close());
-      closingPrepare = true;
-      await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close(), envPrune.stop(), prepareReady.then(() => prepare?.close())]));
+      prepareStop.abort();
+      await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close(), envPrune.stop(), prepare?.close()]));
       stopOutbox();
       await step('lease', () => Promise.all([lease.stop(), hostFacts.stop()]));
       await step('queues', () => Promise.all([cleanupQueue.close(), checkpointsQueue.close()]));
