@@ -10,7 +10,7 @@ import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
 import { Job, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
-import { PREPARE_JOB, PrepareResult, prepareJobOptions, prepareQueueName, type PrepareJob } from '../environments/prepare-job.ts';
+import { PREPARE_JOB, PrepareResult, prepareJobOptions, prepareQueueName, shortEngineName, type PrepareJob } from '../environments/prepare-job.ts';
 import { resolveTaskImage } from '../environments/task-environment.ts';
 import { FleetError, outcomeOf } from '../errors/fleet-error.ts';
 import { loadBatch } from '../tasks/load-task.ts';
@@ -122,7 +122,7 @@ async function prepareOnFleet(
   const run = randomUUID().slice(0, 8);
   const targets: EngineTarget[] = [];
   for (const [engineId, e] of byEngine) {
-    const label = `${[...e.hosts].join(',')} (engine ${engineId.slice(0, 8)}, ${e.workers.length} worker${e.workers.length === 1 ? '' : 's'})`;
+    const label = `${[...e.hosts].join(',')} (engine ${shortEngineName(engineId)}, worker${e.workers.length === 1 ? '' : 's'} ${e.workers.join(',')})`;
     targets.push({ engineId, label, queue: new Queue(prepareQueueName(engineId), { connection: redis, prefix }), pending: new Map(), done: 0, ready: 0, built: 0, failed: 0 });
   }
   process.stderr.write(`preparing ${harbor.length} environment${harbor.length === 1 ? '' : 's'} on ${targets.length} host${targets.length === 1 ? '' : 's'}: ${targets.map((t) => t.label).join('; ')}\n`);

@@ -8,9 +8,19 @@ import { z } from 'zod';
 import { FAILURE_KINDS } from '../errors/failure-kind.ts';
 import { TaskSpec } from '../tasks/task-spec.ts';
 
+const engineHash = (engineId: string) => createHash('sha256').update(engineId).digest('hex');
+
 /** The prepare queue of one engine (its id has characters queue names must not hold). */
 export function prepareQueueName(engineId: string): string {
-  return `prepare-${createHash('sha256').update(engineId).digest('hex').slice(0, 16)}`;
+  return `prepare-${engineHash(engineId).slice(0, 16)}`;
+}
+
+/**
+ * A short name of an engine for people: engines of one machine (a second dockerd) may share the
+ * daemon's ID and host name, and differ only in their data root, which the fleet's engine id hashes in.
+ */
+export function shortEngineName(engineId: string): string {
+  return engineHash(engineId).slice(0, 8);
 }
 
 export const PREPARE_JOB = 'prepare-environment';

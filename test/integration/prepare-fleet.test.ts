@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ensureEnvironmentImage, environmentImageTag } from '../../src/environments/image-build.ts';
+import { shortEngineName } from '../../src/environments/prepare-job.ts';
 import { envLastUsedKey } from '../../src/redis/redis-keys.ts';
 import { engineId, type Docker } from '../../src/sandbox/docker-client.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
@@ -119,7 +120,7 @@ describe('rollout-fleet prepare', () => {
     expect(first.code, detail).toBe(1);
     expect(first.stderr, detail).toContain('preparing 2 environments on 2 hosts');
     for (const [id, worker] of [[idA, 'host-a'], [idB, 'host-b']] as const) {
-      const label = `(engine ${id.slice(0, 8)}, 1 worker)`;
+      const label = `(engine ${shortEngineName(id)}, worker ${worker})`;
       expect(first.stderr, detail).toMatch(new RegExp(`${escape(label)} \\[\\d/2\\] good-env: rollout-fleet/env:[0-9a-f]{24} \\(built by ${worker},`));
       expect(first.stderr, detail).toMatch(new RegExp(`${escape(label)} \\[\\d/2\\] broken-env: failed \\(invalid: environment_build_failed\\)`));
       expect(first.stdout, detail).toContain(`${label}: 1 of 2 environments ready (1 built, 0 already there), 1 failed`);
@@ -134,6 +135,9 @@ describe('rollout-fleet prepare', () => {
     // Again: nothing is built, the broken one fails from memory on both hosts.
     const second = await runCli(['prepare', batch], env.env, 120_000);
     expect(second.code, second.stderr).toBe(1);
+    for (const [id, worker] of [[idA, 'host-a'], [idB, 'host-b']] as const) {
+      expect(second.stderr).toMatch(new RegExp(`${escape(`(engine ${shortEngineName(id)}, worker ${worker})`)} \\[\\d/2\\] good-env: rollout-fleet/env:[0-9a-f]{24} \\(already there`));
+    }
     expect(second.stderr.match(/good-env: rollout-fleet\/env:[0-9a-f]{24} \(already there/g)).toHaveLength(2);
     expect(second.stderr.match(/broken-env: failed \(invalid: environment_build_failed\): .*remembered/g)).toHaveLength(2);
   }, 400_000);
