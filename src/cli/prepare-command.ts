@@ -10,7 +10,7 @@ import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
 import { Job, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
-import { PREPARE_JOB, PrepareResult, prepareJobOptions, prepareQueueName, shortEngineName, type PrepareJob } from '../environments/prepare-job.ts';
+import { PREPARE_JOB, PrepareResult, prepareJobOptions, shortEngineName, type PrepareJob } from '../environments/prepare-job.ts';
 import { resolveTaskImage } from '../environments/task-environment.ts';
 import { FleetError, outcomeOf } from '../errors/fleet-error.ts';
 import { loadBatch } from '../tasks/load-task.ts';
@@ -105,11 +105,12 @@ async function prepareOnFleet(
   timeoutOpt: number | undefined,
 ): Promise<number> {
   const prefix = cli.config.FLEET_PREFIX;
-  const byEngine = new Map<string, { hosts: Set<string>; workers: string[] }>();
+  const byEngine = new Map<string, { hosts: Set<string>; workers: string[]; queue?: string }>();
   for (const f of facts) {
     const e = byEngine.get(f.engineId) ?? { hosts: new Set(), workers: [] };
     e.hosts.add(f.host);
     e.workers.push(f.workerId);
+    e.queue ??= f.prepareQueue;
     byEngine.set(f.engineId, e);
   }
   // Every archive in the task store first: the jobs name them by digest, as episodes do.
@@ -121,9 +122,15 @@ async function prepareOnFleet(
   }
   const run = randomUUID().slice(0, 8);
   const targets: EngineTarget[] = [];
+  // Engines none of whose workers takes prepare jobs (a version before them, or one still starting).
+  const unreachable: string[] = [];
   for (const [engineId, e] of byEngine) {
     const label = `${[...e.hosts].join(',')} (engine ${shortEngineName(engineId)}, worker${e.workers.length === 1 ? '' : 's'} ${e.workers.join(',')})`;
-    targets.push({ engineId, label, queue: new Queue(prepareQueueName(engineId), { connection: redis, prefix }), pending: new Map(), done: 0, ready: 0, built: 0, failed: 0 });
+    if (e.queue === undefined) unreachable.push(label);
+    else targets.push({ engineId, label, queue: new Queue(e.queue, { connection: redis, prefix }), pending: new Map(), done: 0, ready: 0, built: 0, failed: 0 });
+  }
+  for (const label of unreachable) {
+    process.stderr.write(`${label}: not prepared: its workers take no prepare jobs (a version before them, or still starting); run prepare again, or prepare --local on that host\n`);
   }
   process.stderr.write(`preparing ${harbor.length} environment${harbor.length === 1 ? '' : 's'} on ${targets.length} host${targets.length === 1 ? '' : 's'}: ${targets.map((t) => t.label).join('; ')}\n`);
   const started = performance.now();
@@ -206,6 +213,10 @@ async function prepareOnFleet(
     await Promise.all(targets.map((t) => t.queue.close().catch(() => undefined)));
   }
   let failed = 0;
+  for (const label of unreachable) {
+    failed += harbor.length;
+    process.stdout.write(`${label}: 0 of ${harbor.length} environments ready (its workers take no prepare jobs)\n`);
+  }
   for (const t of targets) {
     failed += t.failed;
     process.stdout.write(`${t.label}: ${t.ready} of ${harbor.length} environments ready (${t.built} built, ${t.ready - t.built} already there), ${t.failed} failed\n`);

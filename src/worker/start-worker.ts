@@ -215,11 +215,14 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     docker, log, callTimeoutMs: opts.callTimeoutMs, redis: connection, prefix, workerId,
     size: opts.sandboxPool ?? 0, runDir: path.join(opts.dataDir, 'run'),
   });
+  // The Worker of this engine's prepare queue, once the engine's id is known (below).
+  let prepare: Worker | undefined;
   // Its facts tell the dashboard what runs here, in which phase, within a moment of a change.
   const hostFacts = startHostFacts({
     redis: connection, prefix, docker, workerId, concurrency: opts.concurrency, dataDir: opts.dataDir,
     ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: runtime.generation, log,
     running: () => running.list(), poolReady: () => pool.readyCount, admission: () => admission.snapshot(),
+    prepareQueue: () => prepare?.name,
   });
   running.onChange(hostFacts.touch);
   const episodeDeps: EpisodeProcessorDeps = {
@@ -277,7 +280,6 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   });
   // `rollout-fleet prepare` addresses each engine's queue: this worker takes its engine's, once it
   // knows the engine's id (an engine down at start is asked again every few seconds).
-  let prepare: Worker | undefined;
   const prepareStop = new AbortController();
   void (async () => {
     while (!prepareStop.signal.aborted) {
@@ -286,6 +288,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
         if (prepareStop.signal.aborted) return;
         prepare = new Worker(prepareQueueName(engine), prepareProcessor({ docker, redis: connection, prefix, log, workerId, callTimeoutMs: opts.callTimeoutMs }), { ...workerOpts, concurrency: 2 });
         prepare.on('error', outages.listener('prepare-worker', 'worker error', 'error'));
+        hostFacts.touch(); // prepare finds this host from now on
         return;
       } catch (err) {
         if (prepareStop.signal.aborted) return;

@@ -10,7 +10,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ensureEnvironmentImage, environmentImageTag } from '../../src/environments/image-build.ts';
 import { shortEngineName } from '../../src/environments/prepare-job.ts';
-import { envLastUsedKey } from '../../src/redis/redis-keys.ts';
+import { envLastUsedKey, workerFactsKey } from '../../src/redis/redis-keys.ts';
 import { engineId, type Docker } from '../../src/sandbox/docker-client.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
@@ -110,8 +110,8 @@ describe('rollout-fleet prepare', () => {
     workers.push(spawnWorker({ ...(await hostEnv('host-b')), DOCKER_HOST: engineB.host }, 'host-b'));
     const [idA, idB] = [await engineId(docker, { timeoutMs: 10_000 }), await engineId(engineB.docker, { timeoutMs: 10_000 })];
     expect(idA).not.toBe(idB);
-    await waitFor('both workers to report their hosts', async () => {
-      const engines = new Set((await readHostFacts(env.client, env.prefix)).map((f) => f.engineId));
+    await waitFor('both workers to report their hosts and prepare queues', async () => {
+      const engines = new Set((await readHostFacts(env.client, env.prefix)).filter((f) => f.prepareQueue !== undefined).map((f) => f.engineId));
       return engines.has(idA) && engines.has(idB);
     }, 60_000, 100);
 
@@ -140,6 +140,20 @@ describe('rollout-fleet prepare', () => {
     }
     expect(second.stderr.match(/good-env: rollout-fleet\/env:[0-9a-f]{24} \(already there/g)).toHaveLength(2);
     expect(second.stderr.match(/broken-env: failed \(invalid: environment_build_failed\): .*remembered/g)).toHaveLength(2);
+
+    // A live worker of a version before prepare queues (its facts name none): its host is not
+    // waited for; it is named as not prepared, and the run fails.
+    await env.client.set(workerFactsKey(env.prefix, 'old-worker'), JSON.stringify({
+      workerId: 'old-worker', host: 'old-host', engineId: 'OLD:ENGINE@000000000000', pid: 1, concurrency: 1, images: [], freeDiskBytes: 0, reportedAt: new Date().toISOString(),
+    }), 'PX', 60_000);
+    const third = await runCli(['prepare', batch], env.env, 120_000);
+    await env.client.del(workerFactsKey(env.prefix, 'old-worker'));
+    expect(third.code, third.stderr).toBe(1);
+    const old = `old-host (engine ${shortEngineName('OLD:ENGINE@000000000000')}, worker old-worker)`;
+    expect(third.stderr).toContain(`${old}: not prepared: its workers take no prepare jobs`);
+    expect(third.stdout).toContain(`${old}: 0 of 2 environments ready`);
+    expect(third.stderr).toContain('preparing 2 environments on 2 hosts');
+    expect(third.stderr.match(/good-env: rollout-fleet\/env:[0-9a-f]{24} \(already there/g)).toHaveLength(2);
   }, 400_000);
 });
 
