@@ -29,6 +29,7 @@ const noOptions = {} as const satisfies CommandOptions;
 export const WORKER_OPTIONS = { concurrency: { type: 'string' } } as const satisfies CommandOptions;
 export const CHECKPOINT_WRITER_OPTIONS = { concurrency: { type: 'string' } } as const satisfies CommandOptions;
 export const ENQUEUE_OPTIONS = { wait: { type: 'boolean' }, json: { type: 'boolean' }, 'timeout-ms': { type: 'string' } } as const satisfies CommandOptions;
+export const PREPARE_OPTIONS = { local: { type: 'boolean' }, 'timeout-ms': { type: 'string' } } as const satisfies CommandOptions;
 export const STATUS_OPTIONS = { json: { type: 'boolean' } } as const satisfies CommandOptions;
 export const RESULTS_OPTIONS = { format: { type: 'string', default: 'jsonl' } } as const satisfies CommandOptions;
 export const CANCEL_OPTIONS = { 'wait-ms': { type: 'string', default: '60000' } } as const satisfies CommandOptions;
@@ -82,13 +83,16 @@ drains it (running episodes are handed over) and it exits 0.`,
     load: async () => (await import('./enqueue-command.ts')).enqueueCommand,
   },
   prepare: {
-    synopsis: '<batch.yaml>',
-    summary: 'build the Harbor environments of a batch on this host ahead of time',
-    about: `Builds every Harbor task's environment/ of the batch on the engine at DOCKER_HOST, one line of
-progress each, as workers would on first use (one build per engine and content, under the fleet's
-lock). Run it on each host. Exit 1 when an environment failed to build (its error is printed).`,
-    optionHelp: '',
-    options: noOptions,
+    synopsis: '<batch.yaml> [--local] [--timeout-ms N]',
+    summary: 'build the Harbor environments of a batch on every live host ahead of time',
+    about: `Builds every Harbor task's environment/ of the batch on the engine of every host with a live
+worker (each engine's workers take its jobs), one line of progress per host and environment: built,
+already there, or failed with its error's kind and code. The builds are the workers' own (one per
+engine and content, under the fleet's lock). With no live worker it says so and builds on the engine
+at DOCKER_HOST instead. Exit 1 when an environment failed (or was not done in time) on some host.`,
+    optionHelp: `  --local           build on the engine at DOCKER_HOST only, not through the workers
+  --timeout-ms N    give up on what is not done after N ms (default: the sum of the build timeouts plus 2 min each)`,
+    options: PREPARE_OPTIONS,
     allowPositionals: true,
     load: async () => (await import('./prepare-command.ts')).prepareCommand,
   },

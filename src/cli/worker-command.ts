@@ -66,6 +66,7 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     drainTimeoutMs: config.FLEET_DRAIN_TIMEOUT_MS,
     retryBudgets: { infra: config.FLEET_INFRA_RETRIES, model: config.FLEET_MODEL_RETRIES },
     runtimeMaxIdleMs: config.FLEET_RUNTIME_MAX_IDLE_MS,
+    envPrune: { budgetBytes: config.FLEET_ENV_IMAGE_BUDGET_MB * 2 ** 20, everyMs: config.FLEET_ENV_PRUNE_INTERVAL_MS, minIdleMs: config.FLEET_ENV_IMAGE_MIN_IDLE_MS },
     ...(config.FLEET_RUNTIME_CACHE !== undefined && { runtimeCacheDir: config.FLEET_RUNTIME_CACHE }),
     ...(config.FLEET_RUNTIME_SCOPE !== undefined && { runtimeVolumeScope: config.FLEET_RUNTIME_SCOPE }),
     ...(config.MODEL_BASE_URL !== undefined && { model: modelSettings(config, config.MODEL_BASE_URL) }),

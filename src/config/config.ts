@@ -130,6 +130,17 @@ export const FleetConfig = z.object({
    * each answer; new requests wait while the allowance is in debt. Unset: no limit of tokens.
    */
   MODEL_TOKENS_PER_MINUTE: positiveInt.optional(),
+  /**
+   * Disk budget of the Harbor environment images the fleet built on each engine (their own layers,
+   * not the base layers they share), in MB: past it, each host's workers remove the least recently
+   * used ones (never one a container uses, one being built, or one asked for within
+   * FLEET_ENV_IMAGE_MIN_IDLE_MS). @default 51200 (50 GiB)
+   */
+  FLEET_ENV_IMAGE_BUDGET_MB: z.coerce.number().int().min(0).default(51_200),
+  /** How often each engine's built environment images are held to FLEET_ENV_IMAGE_BUDGET_MB; 0 never. @default 600000 */
+  FLEET_ENV_PRUNE_INTERVAL_MS: z.coerce.number().int().min(0).default(600_000),
+  /** Built environment images asked for within this long are kept whatever the budget. @default 600000 */
+  FLEET_ENV_IMAGE_MIN_IDLE_MS: z.coerce.number().int().min(0).default(600_000),
   /** Runtime generations that no sandbox used for this long are removed by the reaper. @default 604800000 (7 days) */
   FLEET_RUNTIME_MAX_IDLE_MS: positiveInt.default(7 * 24 * 3600 * 1000),
   /**

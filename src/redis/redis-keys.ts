@@ -23,6 +23,9 @@ export const envBuildFailureKey = (prefix: string, engineId: string, digest: str
 /** Hash: image tag -> when an episode last asked for it on this engine (ms since the epoch), for pruning least recently used. */
 export const envLastUsedKey = (prefix: string, engineId: string) => `${prefix}:env:last-used:${engineId}`;
 
+/** String with a TTL of the prune interval: this engine's environment images were pruned within it (one run per engine and interval, however many workers it has). */
+export const envPruneRanKey = (prefix: string, engineId: string) => `${prefix}:env:pruned:${engineId}`;
+
 // --- tasks ---
 
 /** String: a packed task folder (tar bytes), named by its sha256. */

@@ -65,6 +65,8 @@ export const WorkerFacts = z.object({
   running: z.array(RunningEpisodeFacts).optional(),
   /** Warm sandboxes ready in the worker's pool. */
   poolReady: z.number().int().optional(),
+  /** The prepare queue of its engine, once it takes its jobs (absent: a worker of a version before it, or one not knowing its engine yet). */
+  prepareQueue: z.string().optional(),
 });
 export type WorkerFacts = z.infer<typeof WorkerFacts>;
 
@@ -85,6 +87,8 @@ export interface HostFactsOptions {
   poolReady?: () => number;
   /** The worker's admission control now. */
   admission?: () => AdmissionSnapshot & { autotune: boolean };
+  /** The prepare queue this worker takes, once it does. */
+  prepareQueue?: () => string | undefined;
   log: Logger;
   /** touch() writes at most this often. @default 500 */
   touchEveryMs?: number;
@@ -115,8 +119,10 @@ export interface HostFactsReporter {
 const iso = (ms: number) => new Date(ms).toISOString();
 
 /** What changes from one moment to the next: the running episodes and the warm sandboxes. */
-function liveFacts(opts: HostFactsOptions): Pick<WorkerFacts, 'running' | 'poolReady' | 'reportedAt'> {
+function liveFacts(opts: HostFactsOptions): Pick<WorkerFacts, 'running' | 'poolReady' | 'reportedAt' | 'prepareQueue'> {
+  const prepareQueue = opts.prepareQueue?.();
   return {
+    ...(prepareQueue !== undefined && { prepareQueue }),
     ...(opts.running && {
       running: opts.running().map((e) => ({
         episodeId: e.episodeId, batchId: e.batchId, taskId: e.taskId, phase: e.phase, startedAt: iso(e.startedAt), phaseStartedAt: iso(e.phaseStartedAt),

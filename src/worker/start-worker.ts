@@ -19,6 +19,7 @@ import { EPISODES_QUEUE, episodeBackoffMs } from '../episode/episode-job.ts';
 import { CHECKPOINTS_QUEUE } from '../checkpoints/checkpoint-job.ts';
 import { episodeFailedListener, episodeProcessor, type EpisodeProcessorDeps } from '../../queues/episodes/processor.ts';
 import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { sandboxPrograms } from '../agent/sandbox-programs.ts';
 import { CheckpointSink } from '../checkpoints/checkpoint-sink.ts';
 import type { ArtifactStore } from '../artifacts/artifact-store.ts';
@@ -42,6 +43,10 @@ import { startHostFacts } from './host-facts.ts';
 import { startLease } from '../cleanup/worker-lease.ts';
 import { SandboxPool } from '../sandbox/sandbox-pool.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
+import { startPruneSchedule, type PruneSchedule } from '../environments/prune-schedule.ts';
+import { prepareQueueName } from '../environments/prepare-job.ts';
+import { prepareProcessor } from '../../queues/prepare/processor.ts';
+import { engineId } from '../sandbox/docker-client.ts';
 
 export interface WorkerOptions {
   redisUrl: string;
@@ -105,6 +110,11 @@ export interface WorkerOptions {
    * at close) into the artifact store; tests pass a short one. @default 30000
    */
   outboxIntervalMs?: number;
+  /**
+   * The built environment images of this worker's engine held to a disk budget, least recently used
+   * removed first, every `everyMs` (0: never), by one worker of the engine per interval. @default 50 GiB, every 10 min, 10 min idle
+   */
+  envPrune?: { budgetBytes: number; everyMs: number; minIdleMs: number };
 }
 
 export interface CloseOutcome {
@@ -123,6 +133,8 @@ export interface WorkerHandle {
   admission: AdmissionRunner;
   /** The episodes Worker's concurrency now (BullMQ's own setting, which the allowance drives). */
   concurrency(): number;
+  /** The schedule holding this engine's built environment images to their disk budget. */
+  envPrune: PruneSchedule;
   /**
    * Stop taking jobs; running episodes get the drain timeout, then go back to the queue. Settles within
    * drainTimeoutMs + closeGraceMs whatever Redis does: an episode whose stop and close take longer is
@@ -203,11 +215,14 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     docker, log, callTimeoutMs: opts.callTimeoutMs, redis: connection, prefix, workerId,
     size: opts.sandboxPool ?? 0, runDir: path.join(opts.dataDir, 'run'),
   });
+  // The Worker of this engine's prepare queue, once the engine's id is known (below).
+  let prepare: Worker | undefined;
   // Its facts tell the dashboard what runs here, in which phase, within a moment of a change.
   const hostFacts = startHostFacts({
     redis: connection, prefix, docker, workerId, concurrency: opts.concurrency, dataDir: opts.dataDir,
     ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: runtime.generation, log,
     running: () => running.list(), poolReady: () => pool.readyCount, admission: () => admission.snapshot(),
+    prepareQueue: () => prepare?.name,
   });
   running.onChange(hostFacts.touch);
   const episodeDeps: EpisodeProcessorDeps = {
@@ -258,6 +273,30 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     onError: outages.listener(`${CHECKPOINTS_QUEUE}-worker`, 'worker error', 'error'),
   });
 
+  // Built environment images are pruned per engine: each worker's timer, one run per engine and interval.
+  const envPrune = startPruneSchedule({
+    docker, redis: connection, prefix, log, callTimeoutMs: opts.callTimeoutMs,
+    budgetBytes: opts.envPrune?.budgetBytes ?? 50 * 2 ** 30, everyMs: opts.envPrune?.everyMs ?? 600_000, minIdleMs: opts.envPrune?.minIdleMs ?? 600_000,
+  });
+  // `rollout-fleet prepare` addresses each engine's queue: this worker takes its engine's, once it
+  // knows the engine's id (an engine down at start is asked again every few seconds).
+  const prepareStop = new AbortController();
+  void (async () => {
+    while (!prepareStop.signal.aborted) {
+      try {
+        const engine = await engineId(docker, { timeoutMs: opts.callTimeoutMs, signal: prepareStop.signal });
+        if (prepareStop.signal.aborted) return;
+        prepare = new Worker(prepareQueueName(engine), prepareProcessor({ docker, redis: connection, prefix, log, workerId, callTimeoutMs: opts.callTimeoutMs }), { ...workerOpts, concurrency: 2 });
+        prepare.on('error', outages.listener('prepare-worker', 'worker error', 'error'));
+        hostFacts.touch(); // prepare finds this host from now on
+        return;
+      } catch (err) {
+        if (prepareStop.signal.aborted) return;
+        log.warn({ err: String(err) }, 'engine id unknown: prepare jobs of this host wait');
+        await sleep(5_000, undefined, { signal: prepareStop.signal }).catch(() => undefined);
+      }
+    }
+  })();
   for (const w of [episodes, cleanup, batches]) w.on('error', outages.listener(`${w.name}-worker`, 'worker error', 'error'));
   episodes.on('failed', episodeFailedListener(episodeDeps));
   log.info({ workerId, concurrency: opts.concurrency, autotune: admission.autotune, allowance: admission.allowance }, 'worker started');
@@ -267,6 +306,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     running,
     admission,
     concurrency: () => episodes.concurrency,
+    envPrune,
     async close() {
       // One deadline for the whole close: a Redis that does not answer (down, or back without our
       // keys) must not keep a stopping worker alive, so every step is raced against it.
@@ -296,14 +336,15 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       await step('sandbox pool', () => pool.drain());
       await step('runtime warm-up', () => warmUp);
       await step('checkpoint sink', () => checkpointSink.close());
-      await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close()]));
+      prepareStop.abort();
+      await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close(), envPrune.stop(), prepare?.close()]));
       stopOutbox();
       await step('lease', () => Promise.all([lease.stop(), hostFacts.stop()]));
       await step('queues', () => Promise.all([cleanupQueue.close(), checkpointsQueue.close()]));
       await step('connections', () => Promise.all([subscriber, connection].map((c) => c.quit().catch(() => c.disconnect()))));
       if (cutShort.length > 0) {
         // Cut what is left: no reconnecting, no queued commands keeping the process alive.
-        for (const w of [episodes, cleanup, checkpoints, batches]) void w.close(true).catch(() => undefined);
+        for (const w of [episodes, cleanup, checkpoints, batches, ...(prepare ? [prepare] : [])]) void w.close(true).catch(() => undefined);
         subscriber.disconnect();
         connection.disconnect();
         log.warn({ workerId, cutShort, notHandedBack, outages: outages.outages() }, 'close deadline passed: connections cut');

@@ -37,6 +37,21 @@ describe('config', () => {
     expect(bad?.problems.map((p) => p.split(':')[0])).toEqual(['FLEET_WORKER_AUTOTUNE', 'FLEET_WORKER_CONCURRENCY_FLOOR', 'FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN']);
   });
 
+  it('holds built environment images to 50 GiB every 10 minutes by default; bad values are named', () => {
+    const c = loadConfig({});
+    expect([c.FLEET_ENV_IMAGE_BUDGET_MB, c.FLEET_ENV_PRUNE_INTERVAL_MS, c.FLEET_ENV_IMAGE_MIN_IDLE_MS]).toEqual([51_200, 600_000, 600_000]);
+    expect(loadConfig({ FLEET_ENV_IMAGE_BUDGET_MB: '0', FLEET_ENV_PRUNE_INTERVAL_MS: '0' }).FLEET_ENV_PRUNE_INTERVAL_MS).toBe(0);
+    const bad = (() => {
+      try {
+        loadConfig({ FLEET_ENV_IMAGE_BUDGET_MB: '-5', FLEET_ENV_PRUNE_INTERVAL_MS: 'often', FLEET_ENV_IMAGE_MIN_IDLE_MS: '1.5' });
+      } catch (e) {
+        return e as ConfigError;
+      }
+    })();
+    expect(bad?.problems.map((p) => p.split(':')[0])).toEqual(['FLEET_ENV_IMAGE_BUDGET_MB', 'FLEET_ENV_PRUNE_INTERVAL_MS', 'FLEET_ENV_IMAGE_MIN_IDLE_MS']);
+    expect(bad?.problems.join('\n')).toContain('-5');
+  });
+
   it('lists every bad value with its name', () => {
     const err = (() => {
       try {
