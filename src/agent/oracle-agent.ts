@@ -9,14 +9,17 @@ export const SOLUTION_DIR = '/solution';
 
 export class OracleAgent implements Agent {
   async run(ctx: AgentContext): Promise<AgentRun> {
-    if (!ctx.archive.has('solution') || ctx.archive.readText('solution/solve.sh') === undefined) {
-      throw new FleetError('invalid_task', `task ${ctx.task.id} has no solution/solve.sh for the oracle agent`);
-    }
     const harbor = ctx.task.harbor;
+    // A step of a multi-step task has its own solution (steps/<name>/solution/), else the task's.
+    const own = harbor?.currentStep === undefined ? undefined : `steps/${harbor.currentStep}/solution`;
+    const part = own !== undefined && ctx.archive.readText(`${own}/solve.sh`) !== undefined ? own : 'solution';
+    if (!ctx.archive.has(part) || ctx.archive.readText(`${part}/solve.sh`) === undefined) {
+      throw new FleetError('invalid_task', `task ${ctx.task.id} has no ${part}/solve.sh for the oracle agent`);
+    }
     if (harbor) {
       // As Harbor's oracle (H:agents/oracle.py): /solution owned by root, solve.sh made executable,
       // run from the workdir as the agent's user with [solution].env, its output in /logs/agent.
-      await ctx.session.putArchive(await ctx.archive.partAsTar('solution', SOLUTION_DIR, { uid: 0, gid: 0 }), '/', ctx.signal);
+      await ctx.session.putArchive(await ctx.archive.partAsTar(part, SOLUTION_DIR, { uid: 0, gid: 0 }), '/', ctx.signal);
       const chmod = await ctx.session.exec(`chmod +x ${SOLUTION_DIR}/solve.sh`, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal: ctx.signal });
       if (chmod.exitCode !== 0) throw new FleetError('docker_error', `making ${SOLUTION_DIR}/solve.sh executable failed (exit ${chmod.exitCode})`);
       return ctx.session.exec(`(${SOLUTION_DIR}/solve.sh) > /logs/agent/oracle.txt 2>&1`, {

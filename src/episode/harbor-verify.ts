@@ -27,6 +27,8 @@ export async function verifyHarbor(
   trail: Pick<AttemptTrail, 'verifyRun'>,
   agentRun: AgentRun,
   harbor: HarborRun,
+  /** The folders of the task that make /tests, in order (a multi-step task's step puts its own over the task's). */
+  testsParts: readonly string[] = ['tests'],
 ): Promise<Graded> {
   const task: TaskSpec = attempt.job.task;
   const deadline = new Deadline('verify', task.reserves.verifySec * 1000, attempt.signal);
@@ -48,8 +50,10 @@ export async function verifyHarbor(
       if (run.exitCode !== 0) throw new FleetError('docker_error', `${what} failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);
     });
     await asRoot('emptying /logs/verifier and removing /tests', `${HARBOR_VERIFIER_RESET} && ${HARBOR_TESTS_RESET}`);
-    const tests = await made.archive.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
-    await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal));
+    for (const part of testsParts.filter((p) => made.archive.has(p))) {
+      const tests = await made.archive.partAsTar(part, TESTS_DIR, ROOT_OWNER);
+      await deadline.run(`copying ${part}/ in`, (signal) => session.putArchive(tests, '/', signal));
+    }
     await asRoot('making test.sh executable', `chmod +x ${TESTS_DIR}/test.sh`);
 
     await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, {

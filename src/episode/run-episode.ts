@@ -12,6 +12,7 @@ import { closeDeadline, closeEpisode } from './close-phase.ts';
 import { EnvironmentLease } from '../sandbox/environment-lease.ts';
 import { msSince, type AttemptTrail, type EpisodeAttempt, type EpisodeDeps, type EpisodeOutcome, type Graded } from './episode-attempt.ts';
 import { resumePoint } from './resume-phase.ts';
+import { runHarborSteps } from './harbor-steps.ts';
 import { setUp } from './set-up-phase.ts';
 import { verify } from './verify-phase.ts';
 
@@ -80,6 +81,9 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, trail:
   }
   const { session, runtime } = made;
   deps.log.info({ containerId: session.containerId, setupMs: timings.setupMs, runtime: runtime.generationId.slice(0, 12), warm: runtime.warm }, 'sandbox ready');
+  // A multi-step Harbor task runs its steps, each an agent and a verification, in the one sandbox.
+  const harbor = ran.job.task.harbor;
+  if (harbor?.steps !== undefined) return runHarborSteps(ran, deps, made, session, trail, harbor);
 
   attempt.onPhase?.('agent');
   const agentRun = await runAgent(ran, deps, made, session, trail, resumed?.agent);

@@ -49,6 +49,8 @@ export type FleetErrorCode =
   | 'reward_file_invalid'
   /** A Harbor task's [environment.healthcheck] did not pass before the agent: its environment is broken. */
   | 'healthcheck_failed'
+  /** A step of a multi-step task: its workdir/setup.sh failed, so the step cannot be attempted (the task's fault). */
+  | 'step_setup_failed'
   /** A task's environment/Dockerfile failed to build: the task's fault (the build log is in the error). */
   | 'environment_build_failed'
   /** A task's environment build passed its build_timeout_sec and was aborted. */
@@ -69,6 +71,7 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
     case 'image_not_found':
     case 'task_archive_missing':
     case 'healthcheck_failed':
+    case 'step_setup_failed':
     case 'environment_build_failed':
     case 'environment_build_timeout':
       return { kind: 'invalid', retry: false };

@@ -257,8 +257,11 @@ async function expandTaskPath(p: string, batchFile: string, index: number): Prom
 }
 
 /** The oracle runs solution/solve.sh: a task without it would fail on the worker, after the enqueue. */
-async function checkOracleSolution(task: { dir: string; from?: string }): Promise<void> {
+async function checkOracleSolution(task: { dir: string; from?: string; spec: TaskSpec }): Promise<void> {
   const solve = path.join(task.dir, 'solution', 'solve.sh');
+  // A multi-step task may give every step its own solution instead.
+  const steps = task.spec.harbor?.steps;
+  if (steps !== undefined && steps.every((s) => s.has.solution)) return;
   const ok = await stat(solve).then((s) => s.isFile(), () => false);
   if (task.from !== undefined && !ok) throw invalid(task.from, ['solution.sh: missing (the oracle agent runs it, or solution.yaml\'s keystrokes)']);
   if (!ok) throw invalid(task.dir, ['solution/solve.sh: missing (the oracle agent runs it; give the task a solution/ or use another agent)']);
@@ -316,7 +319,8 @@ async function loadStoredTask(digest: string, defaults: TaskDefaults, source: Ar
   const harbor = harborFolderOf(archive, `task-${digest.slice(0, 12)}`);
   if (harbor !== undefined && archive.readText('task.yaml') === undefined) {
     const spec = resolveHarbor(harbor, `${where} (task ${digest.slice(0, 12)})`, defaults, {});
-    return { task: { digest, spec }, hasSolution: archive.files('solution').has('solve.sh') };
+    const steps = spec.harbor?.steps;
+    return { task: { digest, spec }, hasSolution: archive.files('solution').has('solve.sh') || (steps !== undefined && steps.every((s) => s.has.solution)) };
   }
   const yamlFile = `${where} (task ${digest.slice(0, 12)}) task.yaml`;
   const text = archive.readText('task.yaml');

@@ -258,6 +258,8 @@ export const HarborRun = z.strictObject({
     healthcheck: HealthcheckSpec.optional(),
     has: z.strictObject({ workdir: z.boolean(), setup: z.boolean(), tests: z.boolean(), solution: z.boolean() }),
   })).max(50).optional(),
+  /** Set on the task a step of a multi-step task runs as: the step's name (its solution, its tests). */
+  currentStep: z.string().max(64).optional(),
   /** `multi_step_reward_strategy`: the per-key mean over the steps graded, or the last step graded. */
   stepStrategy: z.enum(['mean', 'final']).optional(),
   /** `[[verifier.collect]]` of the main service: run in the agent's container after the agent, before anything is copied out (best effort). */

@@ -5,6 +5,7 @@ import { cp, mkdtemp, rm, symlink, writeFile, mkdir } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { aggregateSteps, missedGate } from '../../src/episode/harbor-steps.ts';
 import { FleetError } from '../../src/errors/fleet-error.ts';
 import { HARBOR_BUILT_IMAGE, stripCanary } from '../../src/tasks/harbor-task.ts';
 import { loadBatchObject, loadTask } from '../../src/tasks/load-task.ts';
@@ -21,6 +22,7 @@ afterAll(async () => {
 });
 
 const SEPARATE = path.join(FIXTURES, '..', 'harbor-separate');
+const STEPS = path.join(FIXTURES, '..', 'harbor-steps');
 
 /** A copy of a fixture to break, with `edit` applied. */
 async function variant(name: string, fixture: string, edit: (dir: string) => Promise<void>): Promise<string> {
@@ -65,6 +67,21 @@ describe('Harbor task folders', () => {
     expect(fresh.harbor?.collect).toEqual([{ command: 'cp /app/state.json /logs/artifacts/state.json', timeoutSec: 10 }]);
     expect(fresh.reserves.verifySec).toBe(60 + 10 + 30 + 10);
     expect((await loadTask(path.join(FIXTURES, 'hello-file'))).spec.harbor?.separateVerifier).toBeUndefined();
+  });
+
+  it('resolves a multi-step task: each step\'s instruction and timeouts, the sums as the episode\'s, the gates', async () => {
+    const { spec } = await loadTask(path.join(STEPS, 'two-steps'));
+    expect(spec.harbor?.steps?.map((st) => [st.name, st.agentTimeoutSec, st.verifierTimeoutSec, st.has])).toEqual([
+      ['one', 60, 30, { workdir: true, setup: true, tests: true, solution: true }],
+      ['two', 45, 30, { workdir: false, setup: false, tests: true, solution: true }],
+    ]);
+    expect(spec.harbor?.stepStrategy).toBe('final');
+    expect(agentCeilingSec(spec)).toBe(60 + 45);
+    expect(spec.reserves.verifySec).toBe(2 * (30 + 10));
+    expect(spec.instruction).toMatch(/plus one/);
+    const gated = (await loadTask(path.join(STEPS, 'gated-three'))).spec;
+    expect(gated.harbor?.steps?.map((st) => st.minReward)).toEqual([undefined, { reward: 1 }, undefined]);
+    expect(gated.harbor?.stepStrategy).toBe('mean');
   });
 
   it('takes docker_image, workdir, users, env tables and the healthcheck', async () => {
@@ -135,7 +152,17 @@ describe('broken Harbor task folders are refused, naming the file and the field'
     ['a GPU', (d) => writeFile(path.join(d, 'task.toml'), '[environment]\ngpus = 1\n'), 'task.toml: environment.gpus: this fleet\'s sandboxes have no GPUs (got 1)'],
     ['Windows', (d) => writeFile(path.join(d, 'task.toml'), '[environment]\nos = "windows"\n'), 'task.toml: environment.os: only "linux" runs here (got "windows")'],
     ['an MCP server', (d) => writeFile(path.join(d, 'task.toml'), '[[environment.mcp_servers]]\nname = "x"\ntransport = "stdio"\ncommand = "x"\n'), 'task.toml: environment.mcp_servers: MCP servers beside the agent are not supported (got 1)'],
-    ['multi-step', (d) => writeFile(path.join(d, 'task.toml'), '[[steps]]\nname = "one"\n'), 'task.toml: steps: multi-step tasks are not supported yet'],
+    ['a step without its folder', (d) => writeFile(path.join(d, 'task.toml'), '[[steps]]\nname = "one"\n'), 'task.toml: steps.0.name: no folder steps/one/'],
+    ['a step without an instruction', async (d) => {
+      await mkdir(path.join(d, 'steps', 'one'), { recursive: true });
+      await writeFile(path.join(d, 'task.toml'), '[[steps]]\nname = "one"\n');
+    }, 'steps/one: instruction.md: missing'],
+    ['a step name that is a path', (d) => writeFile(path.join(d, 'task.toml'), '[[steps]]\nname = "../up"\n'), 'task.toml: steps.0.name: a step name'],
+    ['a multi-step task with a separate verifier', async (d) => {
+      await mkdir(path.join(d, 'steps', 'one'), { recursive: true });
+      await writeFile(path.join(d, 'steps', 'one', 'instruction.md'), 'x\n');
+      await writeFile(path.join(d, 'task.toml'), '[verifier]\nenvironment_mode = "separate"\n\n[[steps]]\nname = "one"\n');
+    }, 'task.toml: steps: a multi-step task with a separate verifier is not supported yet'],
     ['a shared verifier with an environment of its own', async (d) => {
       await writeFile(path.join(d, 'tests', 'Dockerfile'), 'FROM ubuntu:24.04\n');
       await writeFile(path.join(d, 'task.toml'), '[verifier]\nenvironment_mode = "shared"\n');
@@ -177,5 +204,20 @@ describe('broken Harbor task folders are refused, naming the file and the field'
     await cp(path.join(FIXTURES, 'partial-credit'), path.join(base, 'good', 'partial-credit'), { recursive: true });
     await expect(loadBatchObject({ name: 'b', tasks: ['good', 'batch-broken'], agent: { kind: 'oracle' } }, { file: 'batch.yaml', base, hostEnv: {} }))
       .rejects.toThrow(/batch-broken: task\.toml: environment\.gpus/);
+  });
+});
+
+describe('multi-step grading', () => {
+  it('a gate is missed by a lower value or a missing key', () => {
+    expect(missedGate(undefined, { reward: 0 })).toBeUndefined();
+    expect(missedGate({ reward: 1 }, { reward: 1 })).toBeUndefined();
+    expect(missedGate({ reward: 1 }, { reward: 0.5 })).toBe('reward=0.5 below min_reward 1');
+    expect(missedGate({ correctness: 0.8 }, { reward: 1 })).toBe('correctness=missing below min_reward 0.8');
+  });
+
+  it('mean is per key over the graded steps, a key a step lacks counting 0; final is the last step', () => {
+    const graded: { metrics: Record<string, number> }[] = [{ metrics: { reward: 1, style: 1 } }, { metrics: { reward: 0.5 } }];
+    expect(aggregateSteps('mean', graded)).toEqual({ reward: 0.75, style: 0.5 });
+    expect(aggregateSteps('final', graded)).toEqual({ reward: 0.5 });
   });
 });
