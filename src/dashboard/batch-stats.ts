@@ -2,6 +2,7 @@
 // percentiles, reward and pass@k by task, and the timeline of episodes finishing. Pure functions of
 // the results' outlines.
 import { passAtK } from '../results/batch-summary.ts';
+import { passes } from '../tasks/batch-spec.ts';
 import type { ResultOutline } from '../results/result-outline.ts';
 
 export const PHASES = ['setup', 'agent', 'verify', 'close'] as const;
@@ -70,7 +71,7 @@ export function phaseTimings(results: readonly ResultOutline[]): PhaseTiming[] {
 
 export interface TaskStats {
   taskId: string;
-  /** Episodes of the task with a result, and those graded (a reward), passed (reward 1) and errored. */
+  /** Episodes of the task with a result, and those graded (a reward), passed (reward >= the pass threshold) and errored. */
   done: number;
   graded: number;
   passed: number;
@@ -84,10 +85,11 @@ export interface TaskStats {
 }
 
 /**
- * Per task: outcome counts, mean reward and pass@k for each k of `ks`, hardest first (lowest mean
- * reward; ungraded tasks last), ties by task id.
+ * Per task: outcome counts, mean reward and pass@k for each k of `ks` (a success: a reward of at least
+ * `passThreshold`, the batch's, else 1), hardest first (lowest mean reward; ungraded tasks last), ties
+ * by task id.
  */
-export function taskStats(results: readonly ResultOutline[], ks: readonly number[]): TaskStats[] {
+export function taskStats(results: readonly ResultOutline[], ks: readonly number[], passThreshold?: number): TaskStats[] {
   const byTask = new Map<string, { done: number; graded: number; passed: number; errors: number; sum: number; metrics: Map<string, { sum: number; n: number }> }>();
   for (const r of results) {
     let t = byTask.get(r.taskId);
@@ -103,7 +105,7 @@ export function taskStats(results: readonly ResultOutline[], ks: readonly number
     if (r.reward !== null) {
       t.graded += 1;
       t.sum += r.reward;
-      if (r.reward >= 1) t.passed += 1;
+      if (passes(r.reward, passThreshold)) t.passed += 1;
     }
   }
   const stats = [...byTask].map(([taskId, t]): TaskStats => ({

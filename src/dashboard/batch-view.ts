@@ -136,7 +136,7 @@ export function batchPage(data: BatchPageData, links: Links): SafeHtml {
   const histogram = rewardHistogram(results);
   const kinds = Object.entries(summary.byKind);
   const ks = Object.keys(summary.passAt).map(Number).sort((a, b) => a - b);
-  const tasks = taskStats(results, ks);
+  const tasks = taskStats(results, ks, summary.passThreshold);
   // A column per reward-file metric (Harbor tasks' reward.json keys), in name order.
   const metricKeys = [...new Set(tasks.flatMap((t) => Object.keys(t.metrics)))].sort();
   const createdMs = Date.parse(manifest.createdAt);
@@ -165,7 +165,7 @@ export function batchPage(data: BatchPageData, links: Links): SafeHtml {
   const taskIds = tasks.map((t) => t.taskId).sort();
 
   const body = html`<p>name <b>${manifest.name}</b>, created ${manifest.createdAt}</p>
-<p class="progress">progress: <b>${summary.done}/${summary.total}</b> done${summary.finished ? '' : ' (running)'}; pass rate <b class="pass-rate">${percent(summary.byStatus.passed, summary.done)}</b>; mean reward <b class="mean-reward">${fixed(summary.meanReward)}</b>${ks.map((k) => html`; pass@${k} <b>${fixed(summary.passAt[String(k)])}</b>`)}</p>
+<p class="progress">progress: <b>${summary.done}/${summary.total}</b> done${summary.finished ? '' : ' (running)'}; pass rate <b class="pass-rate">${percent(summary.byStatus.passed, summary.done)}</b>; mean reward <b class="mean-reward">${fixed(summary.meanReward)}</b>${ks.map((k) => html`; pass@${k} <b>${fixed(summary.passAt[String(k)])}</b>`)}; passed means reward &gt;= <b class="pass-threshold">${summary.passThreshold ?? 1}</b></p>
 <p class="rate">throughput ${data.perMinute === undefined || data.perMinute === null ? '-' : `${data.perMinute.toFixed(1)} episodes/min`}${summary.finished ? '' : `; ETA ${data.etaMs === undefined || data.etaMs === null ? '-' : formatDuration(data.etaMs)}`}</p>
 <h2>Outcome</h2>
 <table class="outcome"><thead><tr><th>status</th><th>episodes</th></tr></thead><tbody>

@@ -9,6 +9,7 @@ import type { AgentRun } from '../agent/agent.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
+import { passes } from '../tasks/batch-spec.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import type { AttemptTrail, EpisodeAttempt, Graded, SetUpResult } from './episode-attempt.ts';
 import { HARBOR_TESTS_RESET, HARBOR_VERIFIER_RESET, runHealthcheck } from './harbor-checks.ts';
@@ -50,8 +51,7 @@ export async function verifyHarbor(
       capBytes: deps.outputCapBytes, env: harbor.verifierEnv, user: harbor.verifierUser ?? '',
     });
     const { reward, metrics } = await deadline.run('reading the reward file', (signal) => readSandboxReward(session, signal));
-    const passed = reward >= 1;
-    return { status: agentRun.timedOut ? 'timeout' : passed ? 'passed' : 'failed', reward, metrics };
+    return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
   } finally {
     deadline.dispose();
   }

@@ -1,6 +1,9 @@
 // Verification: nothing the agent started may outlive it (the sandbox is restarted, so every pid and
 // all memory are free again), the model is gone, and only then do the hidden tests enter the sandbox
-// (owned by root, so the agent's leftovers cannot edit them). The verifier's exit code is the reward.
+// (owned by root, so the agent's leftovers cannot edit them). The verifier's exit code is the reward,
+// unless the task opts in to a reward file (`verify.reward: file`): then /logs/verifier is made afresh
+// by root right before the verifier runs, and its reward.json or reward.txt is read as a Harbor task's
+// is (reward-file.ts), its exit code ignored.
 // The whole phase runs under the verification reserve: a stalled engine ends it as an infrastructure
 // failure, never as a reward. An agent that filled its engine-enforced disk quota, so the tests cannot
 // even be copied in, failed for its disk limit (kind agent), as where the limit is watched.
@@ -11,7 +14,10 @@ import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { keepWorkspaceEarly } from '../evidence/workspace-copy.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
+import { passes } from '../tasks/batch-spec.ts';
+import { HARBOR_VERIFIER_RESET } from './harbor-checks.ts';
 import { verifyHarbor } from './harbor-verify.ts';
+import { readSandboxReward } from './reward-file.ts';
 import { runVerifier } from './run-verifier.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } from './episode-attempt.ts';
 
@@ -96,12 +102,23 @@ export async function verify(
       .catch(async (err: unknown) => {
         throw await diskFullByAgent(session, task.limits.diskMb, err, deadline.signal) ?? err;
       });
+    const status = (reward: number) => (agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed');
+    if (task.verify.reward === 'file') {
+      // Made now, by root, after everything the agent started is gone: nothing it left there counts.
+      await deadline.run('making /logs/verifier afresh', async (signal) => {
+        const run = await session.exec(HARBOR_VERIFIER_RESET, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
+        if (run.exitCode !== 0) throw new FleetError('docker_error', `making /logs/verifier afresh failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);
+      });
+      await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, { capBytes: deps.outputCapBytes });
+      const { reward, metrics } = await deadline.run('reading the reward file', (signal) => readSandboxReward(session, signal));
+      return { status: status(reward), reward, metrics };
+    }
     const verifyRun = await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, { capBytes: deps.outputCapBytes });
     if (verifyRun.exitCode !== 0 && verifyRun.exitCode !== 1) {
       throw new FleetError('verifier_crashed', `verifier exited with ${verifyRun.exitCode} (0 passes, 1 fails, anything else is a broken verifier)`);
     }
     const reward = verifyRun.exitCode === 0 ? 1 : 0;
-    return { status: agentRun.timedOut ? 'timeout' : reward === 1 ? 'passed' : 'failed', reward };
+    return { status: status(reward), reward };
   } finally {
     deadline.dispose();
   }
