@@ -6,7 +6,7 @@ import type { FailureKind } from '../errors/failure-kind.ts';
 import { DEFAULT_PASS_THRESHOLD, passes } from '../tasks/batch-spec.ts';
 import type { ResultOutline } from './result-outline.ts';
 
-const PHASES = ['setupMs', 'agentMs', 'verifyMs', 'closeMs', 'totalMs'] as const;
+export const PHASES = ['setupMs', 'agentMs', 'verifyMs', 'closeMs', 'totalMs'] as const;
 type Phase = (typeof PHASES)[number];
 
 export interface BatchSummary {
