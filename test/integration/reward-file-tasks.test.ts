@@ -6,16 +6,22 @@
 import { mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BatchSummaryBody, createApiApp } from '../../src/api/api-server.ts';
+import { FleetClient, type BatchEvent } from '../../src/client/fleet-client.ts';
 import type { EpisodeResult } from '../../src/episode/episode-job.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { ROOT, enqueueFile, startEnvWorker, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import { ROOT, enqueueFile, runCli, silentLog, startEnvWorker, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
 
 const FIXTURES = path.join(ROOT, 'test/fixtures/reward-file');
 
 describe('reward-file grading of our own tasks', () => {
   let env: FleetEnv;
   let worker: WorkerHandle;
+  /** The batch of the threshold test, read again through every surface by the last test. */
+  let thresholdBatch: string | undefined;
 
   beforeAll(async () => {
     env = await startFleetEnv();
@@ -65,5 +71,53 @@ describe('reward-file grading of our own tasks', () => {
     const summary = await env.results.summary(batchId);
     expect(summary).toMatchObject({ passThreshold: 0.25, passAt: { 1: 1 }, byStatus: { passed: 2, error: 1 } });
     expect((await env.results.getManifest(batchId))?.passThreshold).toBe(0.25);
+    thresholdBatch = batchId;
+  });
+
+  it('floats and metrics reach the client, its group events and trajectories, the API and the CLI', async () => {
+    const batchId = thresholdBatch!;
+    expect(batchId).toBeDefined();
+    const client = await FleetClient.connect({ redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir });
+    const server = http.createServer(createApiApp({ client, token: 'reward-file-token-0123', log: silentLog }));
+    server.listen(0, '127.0.0.1');
+    await new Promise((resolve) => server.once('listening', resolve));
+    const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    const auth = { authorization: 'Bearer reward-file-token-0123' };
+    try {
+      // The client's stream, from the start: one group per task, its rewards and metrics by sample.
+      const groups: Record<string, Extract<BatchEvent, { kind: 'group' }>> = {};
+      for await (const event of client.results(batchId)) if (event.kind === 'group') groups[event.taskId] = event;
+      expect(groups['four-checks']).toMatchObject({ rewards: [0.25], metrics: [{ reward: 0.25 }] });
+      expect(groups['two-metrics']).toMatchObject({ rewards: [0.5], metrics: [{ correctness: 1, style: 0 }] });
+      expect(groups['silent-grader']).toMatchObject({ rewards: [null], metrics: [null] });
+      const episode = groups['two-metrics']!.episodeIds[0]!;
+      expect(await client.trajectory(batchId, episode)).toMatchObject({ status: 'passed', reward: 0.5, metrics: { correctness: 1, style: 0 } });
+
+      // The API: the summary as its OpenAPI schema says, strictly; the NDJSON stream's groups.
+      const summary = await (await fetch(`${base}/v1/batches/${batchId}`, { headers: auth })).json();
+      expect(BatchSummaryBody.parse(summary)).toMatchObject({ passThreshold: 0.25, metrics: { correctness: { mean: 1, n: 1 }, style: { mean: 0, n: 1 }, reward: { mean: 0.25, n: 1 } } });
+      const lines = (await (await fetch(`${base}/v1/batches/${batchId}/results`, { headers: auth })).text()).trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+      expect(lines.filter((l) => l.kind === 'group').map((g) => [g.taskId, g.rewards, g.metrics]).sort()).toEqual([
+        ['four-checks', [0.25], [{ reward: 0.25 }]], ['silent-grader', [null], [null]], ['two-metrics', [0.5], [{ correctness: 1, style: 0 }]],
+      ]);
+      const trajectory = await (await fetch(`${base}/v1/batches/${batchId}/episodes/${episode}/trajectory`, { headers: auth })).json();
+      expect(trajectory).toMatchObject({ reward: 0.5, metrics: { correctness: 1, style: 0 } });
+    } finally {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+      await client.close();
+    }
+
+    // The CLI: status (text and JSON), JSON lines, CSV and trajectories.
+    const status = await runCli(['status', batchId], env.env);
+    expect(status.stdout).toContain('mean reward 0.375, pass@1 1.000 (passed: reward >= 0.25)');
+    expect(status.stdout).toContain('metrics: correctness 1.000, reward 0.250, style 0.000');
+    expect(JSON.parse((await runCli(['status', batchId, '--json'], env.env)).stdout)).toMatchObject({ passThreshold: 0.25, meanReward: 0.375 });
+    const jsonl = (await runCli(['results', batchId, '--format', 'jsonl'], env.env)).stdout.trim().split('\n').map((l) => JSON.parse(l) as EpisodeResult);
+    expect(jsonl.find((r) => r.taskId === 'four-checks')).toMatchObject({ reward: 0.25, metrics: { reward: 0.25 } });
+    const csv = (await runCli(['results', batchId, '--format', 'csv'], env.env)).stdout.split('\n');
+    expect(csv.find((l) => l.includes(',two-metrics,'))).toMatch(/,passed,,,0\.5,.*,"\{""correctness"":1,""style"":0\}"$/);
+    const trajectories = (await runCli(['results', batchId, '--format', 'trajectories'], env.env)).stdout.trim().split('\n').map((l) => JSON.parse(l) as { taskId: string; metrics?: unknown });
+    expect(trajectories.find((t) => t.taskId === 'two-metrics')?.metrics).toEqual({ correctness: 1, style: 0 });
   });
 });
