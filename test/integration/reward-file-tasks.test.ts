@@ -3,7 +3,9 @@
 // task's is, its exit code ignored; partial credit is kept as a float with its metrics; a grader that
 // wrote nothing is an error of kind verifier (a file the agent planted never counts); and the batch's
 // passThreshold decides passed or failed, and pass@k, on real episodes.
+import { execFile } from 'node:child_process';
 import { mkdtemp, readFile, writeFile } from 'node:fs/promises';
+import { promisify } from 'node:util';
 import os from 'node:os';
 import path from 'node:path';
 import http from 'node:http';
@@ -119,5 +121,35 @@ describe('reward-file grading of our own tasks', () => {
     expect(csv.find((l) => l.includes(',two-metrics,'))).toMatch(/,passed,,,0\.5,.*,"\{""correctness"":1,""style"":0\}"$/);
     const trajectories = (await runCli(['results', batchId, '--format', 'trajectories'], env.env)).stdout.trim().split('\n').map((l) => JSON.parse(l) as { taskId: string; metrics?: unknown });
     expect(trajectories.find((t) => t.taskId === 'two-metrics')?.metrics).toEqual({ correctness: 1, style: 0 });
+  });
+
+  it('the Python example trainer gets float rewards, advantages and metrics per group, and sets the threshold', async () => {
+    const client = await FleetClient.connect({ redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir });
+    const token = 'reward-file-token-4567';
+    const server = http.createServer(createApiApp({ client, token, log: silentLog }));
+    server.listen(0, '127.0.0.1');
+    await new Promise((resolve) => server.once('listening', resolve));
+    const report = path.join(await mkdtemp(path.join(os.tmpdir(), 'rf-trainer-report-')), 'report.json');
+    try {
+      const { stdout } = await promisify(execFile)('python3', [
+        path.join(ROOT, 'examples/trainer/trainer.py'), '--api', `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+        '--tasks', FIXTURES, '--samples', '2', '--name', 'py-rewards', '--pass-threshold', '0.5', '--report', report,
+        '--agent-command', "echo ok > a.txt; printf '42\\n\\n' > answer.txt",
+      ], { env: { ...process.env, FLEET_API_TOKEN: token }, timeout: 240_000 });
+      const got = JSON.parse(await readFile(report, 'utf8')) as { events: { kind: string; taskId: string; rewards?: unknown; advantages?: unknown; metrics?: unknown }[]; summary: Record<string, unknown> };
+      const groups = Object.fromEntries(got.events.filter((e) => e.kind === 'group').map((g) => [g.taskId, g]));
+      expect(groups['four-checks']).toMatchObject({ rewards: [0.25, 0.25], advantages: [0, 0], metrics: { reward: 0.25 } });
+      expect(groups['two-metrics']).toMatchObject({ rewards: [0.5, 0.5], advantages: [0, 0], metrics: { correctness: 1, style: 0 } });
+      expect(groups['silent-grader']).toMatchObject({ rewards: [null, null], advantages: [null, null], metrics: {} });
+      // 0.25 fails and 0.5 passes at the threshold of 0.5 the trainer asked for.
+      expect(got.summary).toMatchObject({ passThreshold: 0.5, byStatus: { passed: 2, failed: 2, error: 2 }, passAt: { 1: 0.5, 2: 0.5 } });
+      expect(stdout).toMatch(/^group two-metrics: mean reward 0\.50 over 2 samples/m);
+      expect(stdout).toMatch(/^  advantages 0\.00 0\.00; metrics correctness 1\.00, style 0\.00$/m);
+      expect(stdout).toMatch(/pass@1 0\.500, pass@2 0\.500 \(passed: reward >= 0\.5\); 0 reconnects$/m);
+    } finally {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+      await client.close();
+    }
   });
 });
