@@ -27,6 +27,16 @@ export type VerifyDeps = Pick<EpisodeDeps, 'evidence' | 'snapshotLimits' | 'log'
 /** Where the hidden tests are copied for verification, after the agent stopped. */
 export const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
+/**
+ * /logs/verifier made afresh for a reward-file task, in two steps (after every process of the agent is
+ * gone). First as the sandbox user: what the agent left there (a task may work in /logs) is its own, so
+ * it can open it up and remove it, even a folder it made unreadable, which root without capabilities
+ * (no DAC_OVERRIDE) could not; where /logs is the user's, it makes the folder again itself (root could
+ * not write there). Then as root: unless an empty real folder is there now, it is removed and made.
+ */
+const VERIFIER_LOGS_AS_USER = '{ [ -d /logs ] && [ -O /logs ] && chmod u+rwx /logs; } 2>/dev/null; if [ -e /logs/verifier ] || [ -L /logs/verifier ]; then chmod -R u+rwx /logs/verifier 2>/dev/null; rm -rf /logs/verifier 2>/dev/null; fi; mkdir -p /logs/verifier 2>/dev/null && chmod 777 /logs/verifier 2>/dev/null; true';
+const VERIFIER_LOGS_AS_ROOT = `if [ -d /logs/verifier ] && [ ! -L /logs/verifier ] && [ -z "$(ls -A /logs/verifier)" ]; then exit 0; fi; ${HARBOR_VERIFIER_RESET}`;
+
 /** A tar of the workspace is its files plus headers: this much past the snapshot's cap is still taken whole. */
 const SNAPSHOT_TAR_SLACK_BYTES = 1024 * 1024;
 
@@ -106,7 +116,8 @@ export async function verify(
     if (task.verify.reward === 'file') {
       // Made now, by root, after everything the agent started is gone: nothing it left there counts.
       await deadline.run('making /logs/verifier afresh', async (signal) => {
-        const run = await session.exec(HARBOR_VERIFIER_RESET, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
+        await session.exec(VERIFIER_LOGS_AS_USER, { timeoutMs: 30_000, capBytes: 4096, workdir: '/', signal });
+        const run = await session.exec(VERIFIER_LOGS_AS_ROOT, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
         if (run.exitCode !== 0) throw new FleetError('docker_error', `making /logs/verifier afresh failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);
       });
       await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, { capBytes: deps.outputCapBytes });

@@ -15,6 +15,7 @@ import { BatchSummaryBody, createApiApp } from '../../src/api/api-server.ts';
 import { FleetClient, type BatchEvent } from '../../src/client/fleet-client.ts';
 import type { EpisodeResult } from '../../src/episode/episode-job.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import { writeBatch } from '../helpers/scratch-tasks.ts';
 import { ROOT, enqueueFile, runCli, silentLog, startEnvWorker, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
 
 const FIXTURES = path.join(ROOT, 'test/fixtures/reward-file');
@@ -151,5 +152,18 @@ describe('reward-file grading of our own tasks', () => {
       await new Promise((resolve) => server.close(resolve));
       await client.close();
     }
+  });
+
+  it('an agent that owns /logs cannot plant a reward, nor leave /logs/verifier so that root (without capabilities) cannot empty it', async () => {
+    // A task working in /logs: the agent owns the folder the verifier's reward files go in.
+    const file = await writeBatch('name: planted\ntasks: [tasks]\nagent: { kind: command, command: "mkdir -p verifier/trap/deep && echo 1 > verifier/reward.txt && echo 1 > verifier/trap/deep/x && chmod 000 verifier/trap" }\n', {
+      owned: {
+        yaml: 'id: owned\ninstruction: anything\nworkdir: /logs\nverify: { command: sh /tests/test.sh, timeoutSec: 20, reward: file }\ndeadlineSec: 180\n',
+        files: { 'workspace/README': 'x\n', 'tests/test.sh': 'ls -la /logs/verifier\necho 0.5 > /logs/verifier/reward.txt\n' },
+      },
+    });
+    const plan = await enqueueFile(env, file);
+    const [r] = await waitForResults(env, plan.batchId, 1, 120_000);
+    expect(r).toMatchObject({ status: 'failed', reward: 0.5, attempts: 1 });
   });
 });
