@@ -105,6 +105,15 @@ describe('reward-file grading of our own tasks', () => {
       ]);
       const trajectory = await (await fetch(`${base}/v1/batches/${batchId}/episodes/${episode}/trajectory`, { headers: auth })).json();
       expect(trajectory).toMatchObject({ reward: 0.5, metrics: { correctness: 1, style: 0 } });
+      // A bad threshold over HTTP: 400 naming the field and the value.
+      for (const [bad, shown] of [[-1, '-1'], ['0.5', '"0.5"'], [null, 'null']] as const) {
+        const res = await fetch(`${base}/v1/batches`, {
+          method: 'POST', headers: { ...auth, 'content-type': 'application/json' },
+          body: JSON.stringify({ name: 'bad', tasks: ['0'.repeat(64)], agent: { kind: 'oracle' }, passThreshold: bad }),
+        });
+        expect(res.status).toBe(400);
+        expect(await res.json()).toMatchObject({ error: { field: 'passThreshold', message: expect.stringContaining(`passThreshold: expected a finite number greater than 0 (the reward an episode needs to pass) (got ${shown})`) } });
+      }
     } finally {
       server.closeAllConnections();
       await new Promise((resolve) => server.close(resolve));
