@@ -54,6 +54,9 @@ describe('reward histograms', () => {
     // Plot from x = 32 to 32 + 10 bins of 48 px.
     expect([at(quarter), at(half), at(full)]).toEqual([152, 272, 512]);
     expect(half).toContain('pass &gt;= 0.5');
+    // The label stays inside the chart: left of a line in the right half (1 is at the plot's edge).
+    expect(full).toMatch(/<text x="509" y="\d+" text-anchor="end"[^>]*>pass &gt;= 1<\/text>/);
+    expect(quarter).toMatch(/<text x="155" y="\d+" text-anchor="start"/);
     expect(histogramSvg(bins, 'r', { marker: { at: 2, label: 'x' } }).value).not.toContain('class="marker"');
   });
 
