@@ -42,8 +42,8 @@ export function histogramSvg(bins: readonly HistogramBin[], title: string, opts:
     ? (() => {
       const x = Math.round(left + ((marker.at - lo) / (hi - lo)) * slot * bins.length);
       // The label on the side of the line that has room: a threshold of 1 is at the plot's right edge.
-      return html`<g class="marker" data-at="${marker.at}"><line x1="${x}" y1="${top - 6}" x2="${x}" y2="${top + plotH}" stroke="#c62828" stroke-dasharray="4 3"/>
-<text x="${x > width / 2 ? x - 3 : x + 3}" y="${top - 10}" text-anchor="${x > width / 2 ? 'end' : 'start'}" ${FONT} fill="#c62828">${marker.label}</text></g>`;
+      return html`<g class="marker" data-at="${marker.at}"><line x1="${x}" y1="${top - 12}" x2="${x}" y2="${top + plotH}" stroke="#c62828" stroke-dasharray="4 3"/>
+<text x="${x > width / 2 ? x - 3 : x + 3}" y="${top - 14}" text-anchor="${x > width / 2 ? 'end' : 'start'}" ${FONT} fill="#c62828">${marker.label}</text></g>`;
     })()
     : '';
   return html`<svg class="chart histogram" xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img" aria-label="${title}">
