@@ -10,8 +10,10 @@ What it does, in the order a trainer would:
    enqueued twice) and reads its results from the start again.
 3. Follow ``GET /v1/batches/{id}/results`` as Server-Sent Events. A ``result`` event arrives as each
    episode ends, in completion order; a ``group`` event right after the last result of a task, with the
-   rewards of all its samples: that is where a GRPO-style trainer would compute advantages and take a
-   step, without waiting for the whole batch. Here it prints the group's mean reward.
+   rewards of all its samples (floats: a verifier's reward file can give partial credit) and their
+   reward-file metrics: that is where a GRPO-style trainer computes advantages and takes a step, without
+   waiting for the whole batch. Here it prints the group's mean reward, each sample's advantage (its
+   reward minus the group's mean, over the group's standard deviation) and the mean of each metric.
 4. On any connection error, read timeout or early close, reconnect with ``Last-Event-ID`` set to the
    last event's id: the server resumes right after it, with no event lost and none repeated.
 5. Stop at ``event: end`` (every episode has a result) and print the batch summary.
@@ -21,7 +23,8 @@ Run a fleet (Redis, workers, ``FLEET_API_TOKEN=... rollout-fleet api``), then::
     FLEET_API_TOKEN=... python3 examples/trainer/trainer.py --api http://127.0.0.1:3100
 
 By default the oracle agent (each task's own solution) plays; ``--agent-command 'sh my_agent.sh'``
-runs a command agent instead. ``--report FILE`` writes what was received as JSON, and ``--drop-at``
+runs a command agent instead; ``--pass-threshold 0.5`` sets the batch's pass threshold (a reward at or
+above it passes; 1 unless set). ``--report FILE`` writes what was received as JSON, and ``--drop-at``
 closes the connection on purpose after chosen events: both are for the tests.
 """
 from __future__ import annotations
@@ -181,6 +184,29 @@ def mean(values: List[Optional[float]]) -> Optional[float]:
     return sum(graded) / len(graded) if graded else None
 
 
+def advantages(rewards: List[Optional[float]]) -> List[Optional[float]]:
+    """GRPO's group-relative advantage of each sample: (reward - mean) / std over the group's graded rewards.
+
+    An ungraded sample (null: an error) gets None and takes no part; a group whose graded rewards are all
+    equal (std 0) gives 0 to each, so it teaches nothing rather than dividing by zero.
+    """
+    graded = [r for r in rewards if r is not None]
+    if not graded:
+        return [None for _ in rewards]
+    m = sum(graded) / len(graded)
+    std = (sum((r - m) ** 2 for r in graded) / len(graded)) ** 0.5
+    return [None if r is None else (0.0 if std < 1e-12 else (r - m) / std) for r in rewards]
+
+
+def metric_means(metrics: List[Optional[Dict[str, float]]]) -> Dict[str, float]:
+    """The mean of each reward-file metric over the samples that reported it, by name."""
+    sums: Dict[str, List[float]] = {}
+    for sample in metrics:
+        for key, value in (sample or {}).items():
+            sums.setdefault(key, []).append(value)
+    return {key: sum(values) / len(values) for key, values in sorted(sums.items())}
+
+
 def fmt(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -192,6 +218,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--tasks", default=str(Path(__file__).resolve().parent.parent / "tasks"), help="a folder of task folders, or one task folder (default: examples/tasks)")
     parser.add_argument("--samples", type=int, default=4, help="episodes per task: the group size (default %(default)s)")
     parser.add_argument("--name", default="trainer-demo", help="batch name, lower case (default %(default)s)")
+    parser.add_argument("--pass-threshold", type=float, help="the batch's passThreshold: the reward an episode needs to pass (default: the fleet's, 1)")
     parser.add_argument("--agent-command", help="run this shell command as the agent (default: the oracle agent, each task's solution)")
     parser.add_argument("--timeout", type=float, default=60, help="seconds without a byte before the stream is reopened (default %(default)s)")
     parser.add_argument("--report", help="write what was received to this JSON file")
@@ -214,7 +241,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         # 2. Create the batch: a group of --samples episodes per task.
         agent = {"kind": "command", "command": args.agent_command} if args.agent_command else {"kind": "oracle"}
-        status, batch = api.call("POST", "/v1/batches", {"name": args.name, "tasks": digests, "samples": args.samples, "agent": agent})
+        request: Dict[str, Any] = {"name": args.name, "tasks": digests, "samples": args.samples, "agent": agent}
+        if args.pass_threshold is not None:
+            request["passThreshold"] = args.pass_threshold
+        status, batch = api.call("POST", "/v1/batches", request)
         batch_id, total = batch["batchId"], batch["episodes"]
         print(f"batch {batch_id}: {total} episodes" + ("" if status == 201 else " (created before: its results again, from the start)"), flush=True)
 
@@ -231,8 +261,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 continue
             # A whole group: this is where a trainer computes advantages from the rewards and steps.
             rewards = event["rewards"]
-            received.append({"kind": kind, "cursor": event["cursor"], "taskId": event["taskId"], "rewards": rewards, "resultsBefore": results})
+            advantage = advantages(rewards)
+            metrics = metric_means(event.get("metrics") or [])
+            received.append({"kind": kind, "cursor": event["cursor"], "taskId": event["taskId"], "rewards": rewards, "advantages": advantage, "metrics": metrics, "resultsBefore": results})
             print(f"group {event['taskId']}: mean reward {fmt(mean(rewards))} over {len(rewards)} samples ({results}/{total} episodes done)", flush=True)
+            print(f"  advantages {' '.join(fmt(a) for a in advantage)}" + (f"; metrics {', '.join(f'{k} {v:.2f}' for k, v in metrics.items())}" if metrics else ""), flush=True)
             if first_group is None:
                 # How far the whole batch was when the first group arrived: results the fleet has recorded.
                 _, summary = api.call("GET", f"/v1/batches/{batch_id}")
@@ -249,7 +282,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     pass_at = ", ".join(f"pass@{k} {v:.3f}" for k, v in sorted(summary["passAt"].items(), key=lambda kv: int(kv[0])))
     groups = sum(1 for e in received if e["kind"] == "group")
-    print(f"batch {batch_id}: {results}/{total} episodes, {groups} groups, mean reward {fmt(summary['meanReward'])}, {pass_at}; {stream.reconnects} reconnects")
+    threshold = summary.get("passThreshold", 1)
+    passed_by = "" if threshold == 1 else f" (passed: reward >= {threshold:g})"
+    print(f"batch {batch_id}: {results}/{total} episodes, {groups} groups, mean reward {fmt(summary['meanReward'])}, {pass_at}{passed_by}; {stream.reconnects} reconnects")
+    if summary.get("metrics"):
+        print("  metrics: " + ", ".join(f"{k} {m['mean']:.3f}" for k, m in sorted(summary["metrics"].items())))
     if args.report:
         report = {"batchId": batch_id, "total": total, "events": received, "reconnects": stream.reconnects, "firstGroup": first_group, "summary": summary}
         Path(args.report).write_text(json.dumps(report, indent=1))

@@ -12,7 +12,8 @@ import { pipeline } from 'node:stream/promises';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import type { Logger } from 'pino';
 import { z } from 'zod';
-import { EpisodeResult } from '../episode/episode-job.ts';
+import { EpisodeResult, EpisodeStatus } from '../episode/episode-job.ts';
+import { PHASES } from '../results/batch-summary.ts';
 import { isCursor, type FleetClient } from '../client/fleet-client.ts';
 import { describeIssues } from '../config/zod-issues.ts';
 import { FleetError } from '../errors/fleet-error.ts';
@@ -41,8 +42,21 @@ const ErrorBody = z.object({ error: z.object({ field: z.string().optional(), mes
 const ResultEvent = z.object({ kind: z.literal('result'), cursor: z.string(), result: EpisodeResult });
 const GroupEvent = z.object({
   kind: z.literal('group'), cursor: z.string(), taskId: z.string(),
-  /** The task's episodes in sample order, and their rewards in the same order (null: not graded). */
-  episodeIds: z.array(z.string()), rewards: z.array(z.number().nullable()),
+  episodeIds: z.array(z.string()).describe("the task's episodes in sample order"),
+  rewards: z.array(z.number().nullable()).describe('their rewards (floats) in the same order; null: not graded'),
+  metrics: z.array(z.record(z.string(), z.number()).nullable()).describe("their reward-file metrics (reward.json's keys) in the same order; null: none (exit-code grading, or not graded)"),
+});
+/** GET /v1/batches/{batchId}: the batch summary (src/results/batch-summary.ts), as the server sends it. */
+export const BatchSummaryBody = z.strictObject({
+  batchId: z.string(), total: z.number().int(), done: z.number().int(), finished: z.boolean(),
+  byStatus: z.record(EpisodeStatus, z.number().int()),
+  byKind: z.partialRecord(z.enum(FAILURE_KINDS), z.number().int()),
+  meanReward: z.number().nullable().describe('mean reward (a float) over the graded episodes; null when none was graded yet'),
+  passThreshold: z.number().describe("the reward a graded episode needs to pass (the batch's passThreshold, else 1): status passed and pass@k count by it"),
+  metrics: z.record(z.string(), z.strictObject({ mean: z.number(), n: z.number().int() })).describe("mean of each reward-file metric (reward.json's keys) over the graded episodes that reported it"),
+  passAt: z.record(z.string(), z.number()).describe('unbiased pass@k averaged over tasks, by k ("1" and the samples per task)'),
+  phases: z.record(z.enum(PHASES), z.strictObject({ p50: z.number(), p95: z.number(), n: z.number().int() })),
+  tokens: z.strictObject({ prompt: z.number(), completion: z.number(), total: z.number() }),
 });
 const StoredTaskBody = z.object({ digest: z.string(), taskId: z.string(), bytes: z.number().int() });
 /** A batch over HTTP: a batch file's fields, its tasks named by digest (a folder on the server never). */
@@ -73,6 +87,7 @@ export function openApiDocument(): Record<string, unknown> {
         Error: schema(ErrorBody), ResultEvent: schema(ResultEvent), GroupEvent: schema(GroupEvent),
         StoredTask: schema(StoredTaskBody), BatchRequest: schema(BatchRequest), BatchCreated: schema(BatchCreated),
         CancelRequest: schema(CancelRequest), RetryRequest: schema(RetryRequest), EpisodeResult: schema(EpisodeResult),
+        BatchSummary: schema(BatchSummaryBody),
       },
     },
     security: [{ bearer: [] }],
@@ -92,7 +107,7 @@ export function openApiDocument(): Record<string, unknown> {
         },
       },
       '/v1/batches/{batchId}': {
-        get: { summary: "The batch's summary so far", parameters: [batch], responses: { 200: { description: 'summary' }, 404: fault('no such batch'), ...common } },
+        get: { summary: "The batch's summary so far", parameters: [batch], responses: { 200: { description: 'summary', ...json('BatchSummary') }, 404: fault('no such batch'), ...common } },
       },
       '/v1/batches/{batchId}/results': {
         get: {
@@ -365,7 +380,7 @@ export function createApiApp(opts: ApiOptions): express.Express {
       for await (const event of client.results(batchId, { after, signal: gone.signal, blockMs: 1_000 })) {
         const body = event.kind === 'result'
           ? { kind: 'result', cursor: event.cursor, result: event.result }
-          : { kind: 'group', cursor: event.cursor, taskId: event.taskId, episodeIds: event.episodeIds, rewards: event.rewards };
+          : { kind: 'group', cursor: event.cursor, taskId: event.taskId, episodeIds: event.episodeIds, rewards: event.rewards, metrics: event.metrics };
         const text = JSON.stringify(body);
         // Every event carries its cursor as its id: a reconnect resumes right after the last one received.
         const written = sse ? res.write(`id: ${event.cursor}\nevent: ${event.kind}\ndata: ${text}\n\n`) : res.write(`${text}\n`);

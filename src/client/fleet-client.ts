@@ -47,9 +47,10 @@ export type BatchEvent =
   /**
    * Every sample of `taskId` in the batch has ended (sent once per task, after its last result). Its
    * cursor is the last result's with `:g`: resuming from it does not send the group again; resuming
-   * from the result's own cursor does.
+   * from the result's own cursor does. `rewards` and `metrics` are in the order of `episodeIds` (null:
+   * not graded; metrics null also for exit-code grading).
    */
-  | { kind: 'group'; cursor: string; taskId: string; episodeIds: string[]; rewards: (number | null)[]; results: EpisodeResult[] };
+  | { kind: 'group'; cursor: string; taskId: string; episodeIds: string[]; rewards: (number | null)[]; metrics: (Record<string, number> | null)[]; results: EpisodeResult[] };
 
 /**
  * A batch as an object: each task a folder (relative to the working folder) or a stored task
@@ -251,7 +252,10 @@ export class FleetClient {
       announced.add(task);
       const episodeIds = episodesOf.get(task) ?? [];
       const results = (await this.retrying(() => Promise.all(episodeIds.map((id) => this.store.get(batchId, id))), opts.signal)).filter((r) => r !== undefined);
-      return { kind: 'group', cursor: `${at}:g`, taskId: task, episodeIds: results.map((r) => r.episodeId), rewards: results.map((r) => r.reward), results };
+      return {
+        kind: 'group', cursor: `${at}:g`, taskId: task, episodeIds: results.map((r) => r.episodeId),
+        rewards: results.map((r) => r.reward), metrics: results.map((r) => r.metrics ?? null), results,
+      };
     };
     for (const c of before) {
       const { task, done } = mark(c.episodeId);

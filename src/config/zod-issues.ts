@@ -28,6 +28,8 @@ const MAX_SHOWN_KEYS = 3;
 
 function show(value: unknown, secret: boolean, root: boolean): string {
   if (value === undefined) return 'nothing';
+  // JSON has no NaN or Infinity (YAML's .nan and .inf): said as they are, not as null.
+  if (typeof value === 'number' && !Number.isFinite(value)) return String(value);
   if (secret) return 'a value, not shown';
   // The whole document: whatever the file is (a linked /etc/passwd), its text is not repeated.
   if (root && typeof value === 'string') return `a string of ${Buffer.byteLength(value)} bytes`;

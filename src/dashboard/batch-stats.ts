@@ -1,7 +1,8 @@
-// The numbers of a batch page that the summary does not have: reward histogram bins, phase timing
+// The numbers of a batch page that the summary does not have: reward and per-metric histogram bins, phase timing
 // percentiles, reward and pass@k by task, and the timeline of episodes finishing. Pure functions of
 // the results' outlines.
 import { passAtK } from '../results/batch-summary.ts';
+import { passes } from '../tasks/batch-spec.ts';
 import type { ResultOutline } from '../results/result-outline.ts';
 
 export const PHASES = ['setup', 'agent', 'verify', 'close'] as const;
@@ -15,24 +16,63 @@ export interface HistogramBin {
   count: number;
 }
 
-/** Rewards of graded episodes in `binCount` equal bins over [0, 1]; ungraded ones are counted apart. */
-export function rewardHistogram(results: readonly ResultOutline[], binCount = 10): { bins: HistogramBin[]; ungraded: number } {
+/**
+ * Values in `binCount` equal bins over [0, 1], widened to the lowest and highest value when one lies
+ * outside it (a reward file's reward may be any float: it is shown where it is, never clamped).
+ */
+export function valueHistogram(values: readonly number[], binCount = 10): HistogramBin[] {
+  let lo = 0;
+  let hi = 1;
+  for (const v of values) {
+    if (v < lo) lo = v;
+    if (v > hi) hi = v;
+  }
+  const width = (hi - lo) / binCount;
+  // As many decimals as the bin width needs: 0.0-0.1 over [0, 1], 0-2 over [0, 20].
+  const digits = Math.min(4, Math.max(0, Math.ceil(-Math.log10(width) - 1e-9)));
   const bins: HistogramBin[] = Array.from({ length: binCount }, (_, i) => {
-    const from = i / binCount;
-    const to = (i + 1) / binCount;
-    return { label: `${from.toFixed(1)}-${to.toFixed(1)}`, from, to, count: 0 };
+    const from = lo + i * width;
+    const to = i === binCount - 1 ? hi : lo + (i + 1) * width;
+    return { label: `${from.toFixed(digits)}-${to.toFixed(digits)}`, from, to, count: 0 };
   });
+  // Scaled by the whole span, not divided by the width: 0.3 over [0, 1] is bin 3, not 2.9999.
+  for (const v of values) bins[Math.min(binCount - 1, Math.floor(((v - lo) / (hi - lo)) * binCount))]!.count += 1;
+  return bins;
+}
+
+/** Rewards of graded episodes binned (see valueHistogram); ungraded ones are counted apart. */
+export function rewardHistogram(results: readonly ResultOutline[], binCount = 10): { bins: HistogramBin[]; ungraded: number } {
+  const rewards: number[] = [];
   let ungraded = 0;
   for (const r of results) {
-    if (r.reward === null) {
-      ungraded += 1;
-      continue;
-    }
-    const clamped = Math.min(1, Math.max(0, r.reward));
-    const bin = bins[Math.min(binCount - 1, Math.floor(clamped * binCount))];
-    if (bin) bin.count += 1;
+    if (r.reward === null) ungraded += 1;
+    else rewards.push(r.reward);
   }
-  return { bins, ungraded };
+  return { bins: valueHistogram(rewards, binCount), ungraded };
+}
+
+/** A histogram of one reward-file metric over the episodes that reported it. */
+export interface MetricHistogram {
+  metric: string;
+  /** Episodes that reported the metric. */
+  n: number;
+  bins: HistogramBin[];
+}
+
+/** The first `maxMetrics` reward-file metrics (reward.json's keys) by name, each binned over the episodes that reported it. */
+export function metricHistograms(results: readonly ResultOutline[], binCount = 10, maxMetrics = 12): MetricHistogram[] {
+  const byMetric = new Map<string, number[]>();
+  for (const r of results) {
+    for (const [key, value] of Object.entries(r.metrics ?? {})) {
+      let values = byMetric.get(key);
+      if (values === undefined) byMetric.set(key, (values = []));
+      values.push(value);
+    }
+  }
+  return [...byMetric.keys()].sort().slice(0, maxMetrics).map((metric) => {
+    const values = byMetric.get(metric)!;
+    return { metric, n: values.length, bins: valueHistogram(values, binCount) };
+  });
 }
 
 /** Nearest-rank percentile (p in 0..100) of unsorted values; undefined for none. */
@@ -70,7 +110,7 @@ export function phaseTimings(results: readonly ResultOutline[]): PhaseTiming[] {
 
 export interface TaskStats {
   taskId: string;
-  /** Episodes of the task with a result, and those graded (a reward), passed (reward 1) and errored. */
+  /** Episodes of the task with a result, and those graded (a reward), passed (reward >= the pass threshold) and errored. */
   done: number;
   graded: number;
   passed: number;
@@ -84,10 +124,11 @@ export interface TaskStats {
 }
 
 /**
- * Per task: outcome counts, mean reward and pass@k for each k of `ks`, hardest first (lowest mean
- * reward; ungraded tasks last), ties by task id.
+ * Per task: outcome counts, mean reward and pass@k for each k of `ks` (a success: a reward of at least
+ * `passThreshold`, the batch's, else 1), hardest first (lowest mean reward; ungraded tasks last), ties
+ * by task id.
  */
-export function taskStats(results: readonly ResultOutline[], ks: readonly number[]): TaskStats[] {
+export function taskStats(results: readonly ResultOutline[], ks: readonly number[], passThreshold?: number): TaskStats[] {
   const byTask = new Map<string, { done: number; graded: number; passed: number; errors: number; sum: number; metrics: Map<string, { sum: number; n: number }> }>();
   for (const r of results) {
     let t = byTask.get(r.taskId);
@@ -103,7 +144,7 @@ export function taskStats(results: readonly ResultOutline[], ks: readonly number
     if (r.reward !== null) {
       t.graded += 1;
       t.sum += r.reward;
-      if (r.reward >= 1) t.passed += 1;
+      if (passes(r.reward, passThreshold)) t.passed += 1;
     }
   }
   const stats = [...byTask].map(([taskId, t]): TaskStats => ({

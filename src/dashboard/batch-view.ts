@@ -5,7 +5,7 @@ import { FAILURE_KINDS, type FailureKind } from '../errors/failure-kind.ts';
 import type { BatchManifest } from '../results/results-store.ts';
 import type { BatchSummary } from '../results/batch-summary.ts';
 import type { ResultOutline } from '../results/result-outline.ts';
-import { phaseTimings, rewardHistogram, taskStats, timelineBins } from './batch-stats.ts';
+import { metricHistograms, phaseTimings, rewardHistogram, taskStats, timelineBins } from './batch-stats.ts';
 import type { EvidenceFile } from './evidence-files.ts';
 import { SafeHtml, html } from './html.ts';
 import { redactSecrets } from './redact.ts';
@@ -134,9 +134,10 @@ export function batchPage(data: BatchPageData, links: Links): SafeHtml {
   const batchId = manifest.batchId;
   const byId = new Map(results.map((r) => [r.episodeId, r]));
   const histogram = rewardHistogram(results);
+  const threshold = summary.passThreshold ?? 1;
   const kinds = Object.entries(summary.byKind);
   const ks = Object.keys(summary.passAt).map(Number).sort((a, b) => a - b);
-  const tasks = taskStats(results, ks);
+  const tasks = taskStats(results, ks, summary.passThreshold);
   // A column per reward-file metric (Harbor tasks' reward.json keys), in name order.
   const metricKeys = [...new Set(tasks.flatMap((t) => Object.keys(t.metrics)))].sort();
   const createdMs = Date.parse(manifest.createdAt);
@@ -165,7 +166,7 @@ export function batchPage(data: BatchPageData, links: Links): SafeHtml {
   const taskIds = tasks.map((t) => t.taskId).sort();
 
   const body = html`<p>name <b>${manifest.name}</b>, created ${manifest.createdAt}</p>
-<p class="progress">progress: <b>${summary.done}/${summary.total}</b> done${summary.finished ? '' : ' (running)'}; pass rate <b class="pass-rate">${percent(summary.byStatus.passed, summary.done)}</b>; mean reward <b class="mean-reward">${fixed(summary.meanReward)}</b>${ks.map((k) => html`; pass@${k} <b>${fixed(summary.passAt[String(k)])}</b>`)}</p>
+<p class="progress">progress: <b>${summary.done}/${summary.total}</b> done${summary.finished ? '' : ' (running)'}; pass rate <b class="pass-rate">${percent(summary.byStatus.passed, summary.done)}</b>; mean reward <b class="mean-reward">${fixed(summary.meanReward)}</b>${ks.map((k) => html`; pass@${k} <b>${fixed(summary.passAt[String(k)])}</b>`)}; passed means reward &gt;= <b class="pass-threshold">${threshold}</b></p>
 <p class="rate">throughput ${data.perMinute === undefined || data.perMinute === null ? '-' : `${data.perMinute.toFixed(1)} episodes/min`}${summary.finished ? '' : `; ETA ${data.etaMs === undefined || data.etaMs === null ? '-' : formatDuration(data.etaMs)}`}</p>
 <h2>Outcome</h2>
 <table class="outcome"><thead><tr><th>status</th><th>episodes</th></tr></thead><tbody>
@@ -178,7 +179,8 @@ ${kinds.map(([kind, n]) => html`<tr><td><a href="${filterHref(batchId, { kind: k
 <h2>Episodes finishing</h2>
 ${timelineSvg(timeline, createdMs, 'episodes finishing over time, by status')}
 <div class="charts">
-<section><h2>Reward</h2>${histogramSvg(histogram.bins, 'reward histogram')}<p class="muted">${histogram.ungraded} not graded</p></section>
+<section><h2>Reward</h2>${histogramSvg(histogram.bins, 'reward histogram', { marker: { at: threshold, label: `pass >= ${threshold}` } })}<p class="muted">${histogram.ungraded} not graded; the dashed line is the pass threshold</p></section>
+${metricHistograms(results).map((m) => html`<section class="metric-histogram" data-metric="${m.metric}"><h2>Metric ${m.metric}</h2>${histogramSvg(m.bins, `${m.metric} histogram`, { axis: m.metric })}<p class="muted">${m.n} episodes reported it</p></section>`)}
 <section><h2>Phase timings</h2>${phaseTimingSvg(phaseTimings(results), 'phase timings p50/p95')}</section>
 </div>
 <h2>Reward by task</h2>

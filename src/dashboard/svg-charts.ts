@@ -13,8 +13,11 @@ export function formatMs(ms: number | undefined): string {
   return `${(ms / 60_000).toFixed(1)} min`;
 }
 
-/** Vertical bars, one per bin, with its count above and its label below. */
-export function histogramSvg(bins: readonly HistogramBin[], title: string): SafeHtml {
+/**
+ * Vertical bars, one per bin, with its count above and its label below; `axis` names the values, and
+ * `marker` draws a dashed line at a value within the bins' range (the pass threshold).
+ */
+export function histogramSvg(bins: readonly HistogramBin[], title: string, opts: { axis?: string; marker?: { at: number; label: string } } = {}): SafeHtml {
   const width = 520;
   const height = 220;
   const top = 24;
@@ -32,11 +35,23 @@ export function histogramSvg(bins: readonly HistogramBin[], title: string): Safe
 <text x="${x + w / 2}" y="${y - 4}" text-anchor="middle" ${FONT}>${b.count > 0 ? b.count : ''}</text>
 <text x="${x + w / 2}" y="${height - bottom + 14}" text-anchor="middle" ${FONT}>${b.label}</text></g>`;
   });
+  const lo = bins[0]?.from ?? 0;
+  const hi = bins.at(-1)?.to ?? 1;
+  const { marker } = opts;
+  const markerSvg = marker !== undefined && hi > lo && marker.at >= lo && marker.at <= hi
+    ? (() => {
+      const x = Math.round(left + ((marker.at - lo) / (hi - lo)) * slot * bins.length);
+      // The label on the side of the line that has room: a threshold of 1 is at the plot's right edge.
+      return html`<g class="marker" data-at="${marker.at}"><line x1="${x}" y1="${top - 12}" x2="${x}" y2="${top + plotH}" stroke="#c62828" stroke-dasharray="4 3"/>
+<text x="${x > width / 2 ? x - 3 : x + 3}" y="${top - 14}" text-anchor="${x > width / 2 ? 'end' : 'start'}" ${FONT} fill="#c62828">${marker.label}</text></g>`;
+    })()
+    : '';
   return html`<svg class="chart histogram" xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img" aria-label="${title}">
 <title>${title}</title>
 <line x1="${left}" y1="${top + plotH}" x2="${width - 8}" y2="${top + plotH}" stroke="#888"/>
 ${bars}
-<text x="${width / 2}" y="${height - 4}" text-anchor="middle" ${FONT}>reward</text>
+${markerSvg}
+<text x="${width / 2}" y="${height - 4}" text-anchor="middle" ${FONT}>${opts.axis ?? 'reward'}</text>
 </svg>`;
 }
 

@@ -114,7 +114,8 @@ async function collectEvidence(
     signal.addEventListener('abort', () => tar.destroy(), { once: true });
     extraction = await keepWorkspace(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, tar, readSignal);
   }
-  if (task.harbor) {
+  // A task graded by a reward file keeps /logs too (its reward files and whatever the verifier wrote there).
+  if (task.harbor || task.verify.reward === 'file') {
     const logs = await session.getArchive('/logs', signal);
     signal.addEventListener('abort', () => logs.destroy(), { once: true });
     await keepHarborLogs(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, logs, readSignal)

@@ -6,6 +6,7 @@ import { EpisodeId } from '../ids/episode-id.ts';
 import { FAILURE_KINDS } from '../errors/failure-kind.ts';
 import { MAX_RETRIES_PER_KIND } from '../errors/retry-budgets.ts';
 import { AgentSpec, ModelOptions } from '../tasks/agent-spec.ts';
+import { PassThreshold } from '../tasks/batch-spec.ts';
 import { TaskSpec } from '../tasks/task-spec.ts';
 
 export const EPISODES_QUEUE = 'episodes';
@@ -23,6 +24,8 @@ export const EpisodeJob = z.strictObject({
   agent: AgentSpec,
   /** The batch's model options (token capture). */
   model: ModelOptions.optional(),
+  /** The batch's pass threshold: a reward at or above it passes. Unset (jobs of batches without one): 1. */
+  passThreshold: PassThreshold.optional(),
   enqueuedAt: z.iso.datetime(),
 });
 export type EpisodeJob = z.infer<typeof EpisodeJob>;
@@ -41,11 +44,12 @@ export const EpisodeResult = z.object({
   /** Set when status is error: which kind of failure, with its stable code and message. */
   error: z.object({ kind: z.enum(FAILURE_KINDS), code: z.string(), message: z.string() }).optional(),
   /**
-   * The verifier's reward: 1 or 0 from its exit code (the fleet's own tasks), any float from a Harbor
-   * task's reward file; null when the episode was not graded.
+   * The verifier's reward: 1 or 0 from its exit code (the fleet's own tasks by default), any float from
+   * a reward file (Harbor tasks, and ours with `verify.reward: file`); null when the episode was not graded.
+   * Status passed means reward >= the batch's passThreshold (1 unless set).
    */
   reward: z.number().nullable(),
-  /** Every number of a Harbor task's reward.json by its key (reward.txt gives { reward }); unset for exit-code grading. */
+  /** Every number of the verifier's reward.json by its key (reward.txt gives { reward }); unset for exit-code grading. */
   metrics: z.record(z.string(), z.number()).optional(),
   /** Attempts this episode took, the last included. */
   attempts: z.number().int().min(1),

@@ -19,6 +19,7 @@ import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } f
 import { msSince } from './episode-attempt.ts';
 import { runHealthcheck } from './harbor-checks.ts';
 import { verifyHarbor } from './harbor-verify.ts';
+import { passes } from '../tasks/batch-spec.ts';
 import { mainReward } from './reward-file.ts';
 
 type Step = NonNullable<HarborRun['steps']>[number];
@@ -111,7 +112,7 @@ export async function runHarborSteps(
   const metrics = aggregateSteps(harbor.stepStrategy ?? 'mean', graded);
   const reward = mainReward(metrics);
   for (const g of graded) metrics[`steps.${g.name}`] = g.reward;
-  return { status: timedOut ? 'timeout' : reward >= 1 ? 'passed' : 'failed', reward, metrics };
+  return { status: timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
 }
 
 /** Before a step's agent: /logs/agent emptied, the step's workdir/ put in and its setup.sh run, its healthcheck passed. */

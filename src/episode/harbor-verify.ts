@@ -9,6 +9,7 @@ import type { AgentRun } from '../agent/agent.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
+import { passes } from '../tasks/batch-spec.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import type { AttemptTrail, EpisodeAttempt, Graded, SetUpResult } from './episode-attempt.ts';
 import { HARBOR_TESTS_RESET, HARBOR_VERIFIER_RESET, runHealthcheck } from './harbor-checks.ts';
@@ -38,7 +39,7 @@ export async function verifyHarbor(
     if (harbor.separateVerifier !== undefined) {
       // Harbor's separate mode: the grader runs in a container of its own (separate-verifier.ts).
       const { reward, metrics } = await verifySeparately(attempt, deps, made, session, trail, harbor, deadline);
-      return { status: agentRun.timedOut ? 'timeout' : reward >= 1 ? 'passed' : 'failed', reward, metrics };
+      return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
     }
     // Every process of every user stops; files stay. The model goes before anything is graded.
     await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
@@ -60,8 +61,7 @@ export async function verifyHarbor(
       capBytes: deps.outputCapBytes, env: harbor.verifierEnv, user: harbor.verifierUser ?? '',
     });
     const { reward, metrics } = await deadline.run('reading the reward file', (signal) => readSandboxReward(session, signal));
-    const passed = reward >= 1;
-    return { status: agentRun.timedOut ? 'timeout' : passed ? 'passed' : 'failed', reward, metrics };
+    return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
   } finally {
     deadline.dispose();
   }

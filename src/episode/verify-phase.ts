@@ -1,6 +1,9 @@
 // Verification: nothing the agent started may outlive it (the sandbox is restarted, so every pid and
 // all memory are free again), the model is gone, and only then do the hidden tests enter the sandbox
-// (owned by root, so the agent's leftovers cannot edit them). The verifier's exit code is the reward.
+// (owned by root, so the agent's leftovers cannot edit them). The verifier's exit code is the reward,
+// unless the task opts in to a reward file (`verify.reward: file`): then /logs/verifier is made afresh
+// by root right before the verifier runs, and its reward.json or reward.txt is read as a Harbor task's
+// is (reward-file.ts), its exit code ignored.
 // The whole phase runs under the verification reserve: a stalled engine ends it as an infrastructure
 // failure, never as a reward. An agent that filled its engine-enforced disk quota, so the tests cannot
 // even be copied in, failed for its disk limit (kind agent), as where the limit is watched.
@@ -11,7 +14,10 @@ import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { keepWorkspaceEarly } from '../evidence/workspace-copy.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
+import { passes } from '../tasks/batch-spec.ts';
+import { HARBOR_VERIFIER_RESET } from './harbor-checks.ts';
 import { verifyHarbor } from './harbor-verify.ts';
+import { readSandboxReward } from './reward-file.ts';
 import { runVerifier } from './run-verifier.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } from './episode-attempt.ts';
 
@@ -21,6 +27,16 @@ export type VerifyDeps = Pick<EpisodeDeps, 'evidence' | 'snapshotLimits' | 'log'
 /** Where the hidden tests are copied for verification, after the agent stopped. */
 export const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
+/**
+ * /logs/verifier made afresh for a reward-file task, in two steps (after every process of the agent is
+ * gone). First as the sandbox user: what the agent left there (a task may work in /logs) is its own, so
+ * it can open it up and remove it, even a folder it made unreadable, which root without capabilities
+ * (no DAC_OVERRIDE) could not; where /logs is the user's, it makes the folder again itself (root could
+ * not write there). Then as root: unless an empty real folder is there now, it is removed and made.
+ */
+const VERIFIER_LOGS_AS_USER = '{ [ -d /logs ] && [ -O /logs ] && chmod u+rwx /logs; } 2>/dev/null; if [ -e /logs/verifier ] || [ -L /logs/verifier ]; then chmod -R u+rwx /logs/verifier 2>/dev/null; rm -rf /logs/verifier 2>/dev/null; fi; mkdir -p /logs/verifier 2>/dev/null && chmod 777 /logs/verifier 2>/dev/null; true';
+const VERIFIER_LOGS_AS_ROOT = `if [ -d /logs/verifier ] && [ ! -L /logs/verifier ] && [ -z "$(ls -A /logs/verifier)" ]; then exit 0; fi; ${HARBOR_VERIFIER_RESET}`;
+
 /** A tar of the workspace is its files plus headers: this much past the snapshot's cap is still taken whole. */
 const SNAPSHOT_TAR_SLACK_BYTES = 1024 * 1024;
 
@@ -96,12 +112,24 @@ export async function verify(
       .catch(async (err: unknown) => {
         throw await diskFullByAgent(session, task.limits.diskMb, err, deadline.signal) ?? err;
       });
+    const status = (reward: number) => (agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed');
+    if (task.verify.reward === 'file') {
+      // Made now, by root, after everything the agent started is gone: nothing it left there counts.
+      await deadline.run('making /logs/verifier afresh', async (signal) => {
+        await session.exec(VERIFIER_LOGS_AS_USER, { timeoutMs: 30_000, capBytes: 4096, workdir: '/', signal });
+        const run = await session.exec(VERIFIER_LOGS_AS_ROOT, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
+        if (run.exitCode !== 0) throw new FleetError('docker_error', `making /logs/verifier afresh failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);
+      });
+      await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, { capBytes: deps.outputCapBytes });
+      const { reward, metrics } = await deadline.run('reading the reward file', (signal) => readSandboxReward(session, signal));
+      return { status: status(reward), reward, metrics };
+    }
     const verifyRun = await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, { capBytes: deps.outputCapBytes });
     if (verifyRun.exitCode !== 0 && verifyRun.exitCode !== 1) {
       throw new FleetError('verifier_crashed', `verifier exited with ${verifyRun.exitCode} (0 passes, 1 fails, anything else is a broken verifier)`);
     }
     const reward = verifyRun.exitCode === 0 ? 1 : 0;
-    return { status: agentRun.timedOut ? 'timeout' : reward === 1 ? 'passed' : 'failed', reward };
+    return { status: status(reward), reward };
   } finally {
     deadline.dispose();
   }

@@ -26,6 +26,8 @@ export interface PlannedTask {
 export interface BatchPlan {
   batchId: string;
   name: string;
+  /** The batch's passThreshold, when it sets one. */
+  passThreshold?: number;
   jobs: EpisodeJob[];
   tasks: PlannedTask[];
 }
@@ -64,13 +66,15 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
     samples: batch.samples,
     agent: batch.agent,
     ...(batch.model && { model: batch.model }),
+    // Only when set: a batch without one keeps the id it had before the field existed.
+    ...(batch.passThreshold !== undefined && { passThreshold: batch.passThreshold }),
     tasks: tasks.map(({ spec, digest }) => ({ spec, digest })),
   });
   const batchId = `${name}-${createHash('sha256').update(identity).digest('hex').slice(0, 12)}`;
   // Measured before the jobs exist: one job per task tells the size of all its samples.
   let jobBytes = 0;
   for (const { spec, digest } of tasks) {
-    const one = { episodeId: `${batchId}.${spec.id}.${batch.samples - 1}`, batchId, sample: batch.samples - 1, task: spec, taskDigest: digest, agent: batch.agent, ...(batch.model && { model: batch.model }), enqueuedAt: now.toISOString() };
+    const one = { episodeId: `${batchId}.${spec.id}.${batch.samples - 1}`, batchId, sample: batch.samples - 1, task: spec, taskDigest: digest, agent: batch.agent, ...(batch.model && { model: batch.model }), ...(batch.passThreshold !== undefined && { passThreshold: batch.passThreshold }), enqueuedAt: now.toISOString() };
     jobBytes += Buffer.byteLength(JSON.stringify(one)) * batch.samples;
   }
   if (jobBytes > MAX_BATCH_JOB_BYTES) {
@@ -90,6 +94,7 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
       taskDigest: digest,
       agent: batch.agent,
       ...(batch.model && { model: batch.model }),
+      ...(batch.passThreshold !== undefined && { passThreshold: batch.passThreshold }),
       enqueuedAt,
     });
     // A task's jobs differ in their id and sample only: when its first and last sample (the longest id)
@@ -109,7 +114,7 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
       jobs.push(parsed.data);
     }
   }
-  return { batchId, name, jobs, tasks: tasks.map(({ dir, digest }) => ({ ...(dir !== undefined && { dir }), digest })) };
+  return { batchId, name, ...(batch.passThreshold !== undefined && { passThreshold: batch.passThreshold }), jobs, tasks: tasks.map(({ dir, digest }) => ({ ...(dir !== undefined && { dir }), digest })) };
 }
 
 /**
@@ -180,6 +185,7 @@ export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps, opts:
     name: plan.name,
     createdAt: new Date().toISOString(),
     episodeIds: plan.jobs.map((j) => j.episodeId),
+    ...(plan.passThreshold !== undefined && { passThreshold: plan.passThreshold }),
   });
   // The manifest goes first: a second enqueue of the same batch (or a retry of an interrupted one
   // whose flow did land) finds the parent job and adds nothing. One that finds the manifest but no parent

@@ -3,9 +3,10 @@
 // job and the dashboard show, computed from the results store (the results' outlines).
 import type { EpisodeStatus } from '../episode/episode-job.ts';
 import type { FailureKind } from '../errors/failure-kind.ts';
+import { DEFAULT_PASS_THRESHOLD, passes } from '../tasks/batch-spec.ts';
 import type { ResultOutline } from './result-outline.ts';
 
-const PHASES = ['setupMs', 'agentMs', 'verifyMs', 'closeMs', 'totalMs'] as const;
+export const PHASES = ['setupMs', 'agentMs', 'verifyMs', 'closeMs', 'totalMs'] as const;
 type Phase = (typeof PHASES)[number];
 
 export interface BatchSummary {
@@ -19,6 +20,8 @@ export interface BatchSummary {
   meanReward: number | null;
   /** Mean of each reward-file metric over the graded episodes that reported it (Harbor tasks' reward.json keys). */
   metrics: Record<string, { mean: number; n: number }>;
+  /** The reward a graded episode needs to pass: the batch's passThreshold, else 1. pass@k counts by it. */
+  passThreshold: number;
   /** Unbiased pass@k (Chen et al. 2021) averaged over tasks, for k = 1 and k = the samples per task. */
   passAt: Record<string, number>;
   /** Milliseconds per phase over the episodes that reached it. */
@@ -40,8 +43,11 @@ export function passAtK(n: number, c: number, k: number): number {
   return 1 - prod;
 }
 
-/** The summary of `results` (whole results or their outlines: the same numbers), in the manifest's order. */
-export function summarize(batchId: string, total: number, results: readonly ResultOutline[]): BatchSummary {
+/**
+ * The summary of `results` (whole results or their outlines: the same numbers), in the manifest's
+ * order; a success of pass@k is a reward of at least `passThreshold` (the batch's, else 1).
+ */
+export function summarize(batchId: string, total: number, results: readonly ResultOutline[], passThreshold: number = DEFAULT_PASS_THRESHOLD): BatchSummary {
   const byStatus: Record<EpisodeStatus, number> = { passed: 0, failed: 0, timeout: 0, cancelled: 0, error: 0 };
   const byKind: Partial<Record<FailureKind, number>> = {};
   const tokens = { prompt: 0, completion: 0, total: 0 };
@@ -58,7 +64,7 @@ export function summarize(batchId: string, total: number, results: readonly Resu
       graded += 1;
       const t = perTask.get(r.taskId) ?? { n: 0, c: 0 };
       t.n += 1;
-      t.c += r.reward >= 1 ? 1 : 0;
+      t.c += passes(r.reward, passThreshold) ? 1 : 0;
       perTask.set(r.taskId, t);
       for (const [key, value] of Object.entries(r.metrics ?? {})) {
         const m = metricSums.get(key) ?? { sum: 0, n: 0 };
@@ -96,6 +102,7 @@ export function summarize(batchId: string, total: number, results: readonly Resu
     byStatus,
     byKind,
     meanReward: graded === 0 ? null : rewardSum / graded,
+    passThreshold,
     metrics: Object.fromEntries([...metricSums].sort(([a], [b]) => (a < b ? -1 : 1)).map(([k, m]) => [k, { mean: m.sum / m.n, n: m.n }])),
     passAt,
     phases,
@@ -111,7 +118,7 @@ export function formatSummary(s: BatchSummary): string {
   return [
     `batch ${s.batchId}: ${s.done}/${s.total} done${s.finished ? '' : ' (running)'}`,
     `  ${statuses || 'no results yet'}${kinds ? ` | errors by kind: ${kinds}` : ''}`,
-    `  mean reward ${s.meanReward === null ? '-' : s.meanReward.toFixed(3)}${passAt ? `, ${passAt}` : ''}`,
+    `  mean reward ${s.meanReward === null ? '-' : s.meanReward.toFixed(3)}${passAt ? `, ${passAt}` : ''}${s.passThreshold !== undefined && s.passThreshold !== DEFAULT_PASS_THRESHOLD ? ` (passed: reward >= ${s.passThreshold})` : ''}`,
     ...(Object.keys(s.metrics).length > 0 ? [`  metrics: ${Object.entries(s.metrics).map(([k, m]) => `${k} ${m.mean.toFixed(3)}`).join(', ')}`] : []),
     `  p50/p95 ms: setup ${setupMs.p50}/${setupMs.p95}, agent ${agentMs.p50}/${agentMs.p95}, verify ${verifyMs.p50}/${verifyMs.p95}, total ${totalMs.p50}/${totalMs.p95}`,
     ...(s.tokens.total > 0 ? [`  tokens ${s.tokens.total} (prompt ${s.tokens.prompt}, completion ${s.tokens.completion})`] : []),

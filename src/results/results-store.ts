@@ -21,6 +21,8 @@ export const BatchManifest = z.object({
   createdAt: z.string(),
   /** Every episode of the batch, in enqueue order. */
   episodeIds: z.array(z.string()),
+  /** The batch's passThreshold (unset: 1), which the summary's pass@k counts by. */
+  passThreshold: z.number().optional(),
 });
 export type BatchManifest = z.infer<typeof BatchManifest>;
 
@@ -129,12 +131,13 @@ export class ResultsStore {
     if (exists !== 1) return undefined;
     if (cached !== null) {
       const c = JSON.parse(cached) as SummaryCache;
-      if (c.version === (version ?? '0') && c.results === count) return c.summary;
+      // A summary cached before it carried its pass threshold is computed again.
+      if (c.version === (version ?? '0') && c.results === count && c.summary.passThreshold !== undefined) return c.summary;
     }
     const manifest = await this.getManifest(batchId);
     if (manifest === undefined) return undefined;
     const read = await this.readOutlines(batchId, manifest);
-    const summary = summarize(batchId, manifest.episodeIds.length, read.outlines);
+    const summary = summarize(batchId, manifest.episodeIds.length, read.outlines, manifest.passThreshold);
     const entry: SummaryCache = { version: read.version, results: read.count, summary };
     // Only a cache: a reader that may not write (a read-only replica) still has its answer.
     await this.redis.set(this.summaryCacheKey(batchId), JSON.stringify(entry)).catch(() => undefined);

@@ -1,5 +1,5 @@
 // `results --format trajectories`: one JSON document per episode a trainer can learn from, without
-// parsing any agent's output: the task, status, reward and failure, the attempt and the checkpoint it
+// parsing any agent's output: the task, status, reward (a float) and its metrics, the failure, the attempt and the checkpoint it
 // resumed from, usage and timings, and the final attempt's trajectory (the conversation as OpenAI-style
 // messages, per assistant turn its answer, usage and the token ids and logprobs the endpoint returned)
 // read from the artifact store, so any host can export any host's episodes. null when the episode ran
@@ -15,6 +15,8 @@ export interface TrajectoryRecord {
   sample: number;
   status: EpisodeResult['status'];
   reward: number | null;
+  /** The verifier's reward-file metrics (reward.json's keys), when it graded by a reward file. */
+  metrics?: Record<string, number>;
   error?: EpisodeResult['error'];
   attempts: number;
   resumedFrom?: number;
@@ -48,6 +50,7 @@ export async function* trajectoryRecords(results: readonly EpisodeResult[], stor
       sample: r.sample,
       status: r.status,
       reward: r.reward,
+      ...(r.metrics && { metrics: r.metrics }),
       ...(r.error && { error: r.error }),
       attempts: r.attempts,
       ...(r.resumedFrom !== undefined && { resumedFrom: r.resumedFrom }),

@@ -8,6 +8,22 @@ import { TaskDefaults } from './task-spec.ts';
 export const TaskDigest = z.string().regex(/^[a-f0-9]{64}$/, 'a task digest: 64 lower-case hex digits (sha256 of the task archive)');
 export const TaskDigestRef = z.strictObject({ digest: TaskDigest });
 
+/** The reward an episode needs to pass when its batch sets no `passThreshold`. */
+export const DEFAULT_PASS_THRESHOLD = 1;
+
+/**
+ * The reward at or above which a graded episode passes (status passed, and a success for pass@k and
+ * the pass rate): a finite number greater than 0 (rewards are floats; Harbor's may pass 1).
+ */
+export const PassThreshold = z
+  .number({ error: (issue) => (issue.input === undefined ? undefined : 'expected a finite number greater than 0 (the reward an episode needs to pass)') })
+  .positive('expected a finite number greater than 0 (the reward an episode needs to pass)');
+
+/** Whether a reward passes under `threshold` (the batch's, else 1). */
+export function passes(reward: number | null, threshold: number | undefined): boolean {
+  return reward !== null && reward >= (threshold ?? DEFAULT_PASS_THRESHOLD);
+}
+
 export const BatchFile = z.strictObject({
   /** Shown in status and used as the start of the batch id. @default the file's base name */
   name: z
@@ -24,6 +40,8 @@ export const BatchFile = z.strictObject({
   agent: AgentSpec,
   /** What to ask of the model calls, e.g. `{ capture: tokens }`. */
   model: ModelOptions.optional(),
+  /** The reward an episode needs to pass (status passed; pass@k, the pass rate). @default 1 */
+  passThreshold: PassThreshold.optional(),
   defaults: TaskDefaults.default({}),
 });
 export type BatchFile = z.infer<typeof BatchFile>;

@@ -138,11 +138,20 @@ export function boundedText(max: number) {
 const instruction = boundedText(MAX_INSTRUCTION_BYTES);
 const command = boundedText(MAX_COMMAND_BYTES);
 
+/**
+ * How the verifier's run becomes a reward: `exit-code` (exit 0 is 1, exit 1 is 0, anything else a
+ * broken verifier), or `file`: the verifier writes /logs/verifier/reward.json (an object of numbers) or
+ * reward.txt (one float), read as a Harbor task's are, its exit code ignored.
+ */
+export const RewardSource = z.enum(['exit-code', 'file']);
+
 export const Verify = z.object({
   /** Shell command run in the workdir after the tests were copied to /tests. Exit 0 passes, 1 fails. */
   command,
   /** The verifier is stopped after this long and the episode ends with kind verifier. @default 60 */
   timeoutSec: seconds.default(60),
+  /** Where the reward comes from. @default exit-code */
+  reward: RewardSource.optional(),
 });
 
 /** task.yaml as written: everything but id, instruction and verify may come from batch defaults. */
@@ -274,7 +283,8 @@ export const TaskSpec = z
     instruction,
     image: ImageReference,
     workdir: absolutePath,
-    verify: z.strictObject({ command, timeoutSec: seconds }),
+    // `reward` is set only for `file`: a task grading by exit code keeps the spec (and digest) it had.
+    verify: z.strictObject({ command, timeoutSec: seconds, reward: z.literal('file').optional() }),
     deadlineSec: seconds,
     // A job queued before diskMb existed still parses, with the built-in default.
     limits: Limits.extend({ diskMb: Limits.shape.diskMb.default(BUILTIN_DEFAULTS.limits.diskMb) }).strict(),
@@ -312,7 +322,7 @@ export function agentCeilingSec(task: Pick<TaskSpec, 'deadlineSec' | 'reserves'>
 
 /** Merge task.yaml over batch defaults over built-in defaults (not yet validated). */
 export function resolveTask(file: TaskFile, defaults: TaskDefaults = {}): unknown {
-  const verify = { command: file.verify.command, timeoutSec: file.verify.timeoutSec };
+  const verify = { command: file.verify.command, timeoutSec: file.verify.timeoutSec, ...(file.verify.reward === 'file' && { reward: 'file' as const }) };
   return {
     id: file.id,
     instruction: file.instruction,

@@ -33,4 +33,17 @@ describe('task spec', () => {
     const parsed = TaskFile.safeParse(input);
     expect(describeIssues(parsed.error!, input)[0]).toMatch(/^\(root\): Unrecognized key: "timeout"/);
   });
+
+  it('takes verify.reward: file or exit-code, names the field for anything else, and keeps exit-code specs as they were', () => {
+    const input = { id: 't', instruction: 'x', verify: { command: 'true', reward: 'json' } };
+    const parsed = TaskFile.safeParse(input);
+    expect(describeIssues(parsed.error!, input)).toEqual(['verify.reward: Invalid option: expected one of "exit-code"|"file" (got "json")']);
+    const byFile = TaskSpec.parse(resolveTask(TaskFile.parse({ ...input, verify: { command: 'true', reward: 'file' } })));
+    expect(byFile.verify).toEqual({ command: 'true', timeoutSec: 60, reward: 'file' });
+    // Exit-code grading, said or not, resolves to the spec it had before the field (so the same digest and batch id).
+    for (const reward of [undefined, 'exit-code'] as const) {
+      const spec = TaskSpec.parse(resolveTask(TaskFile.parse({ ...input, verify: { command: 'true', ...(reward && { reward }) } })));
+      expect(spec.verify).toEqual({ command: 'true', timeoutSec: 60 });
+    }
+  });
 });
