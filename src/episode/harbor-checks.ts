@@ -3,6 +3,7 @@
 // a reward file the agent planted never counts). Each step is one exec, run as root where it must be
 // (the agent's user may not own /logs), bounded by its own timeout.
 import { setTimeout as sleep } from 'node:timers/promises';
+import type { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { shellQuote } from '../files/shell-quote.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
@@ -22,6 +23,17 @@ export const HARBOR_VERIFIER_RESET = 'rm -rf /logs/verifier && mkdir -p /logs/ve
  * conftest.py, a module the checks import) would otherwise sit beside them and run with them.
  */
 export const HARBOR_TESTS_RESET = 'rm -rf /tests';
+
+/**
+ * One step as root (workdir /), under `deadline`: a non-zero exit is an engine-side failure of the
+ * fleet's own step (`docker_error`, retried), named by `what`.
+ */
+export async function execAsRoot(session: SandboxSession, deadline: Deadline, what: string, command: string): Promise<void> {
+  await deadline.run(what, async (signal) => {
+    const run = await session.exec(command, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
+    if (run.exitCode !== 0) throw new FleetError('docker_error', `${what} failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);
+  });
+}
 
 /** A command's own time limit inside the sandbox, so that stopping it never stops the sandbox's other processes. */
 function bounded(command: string, timeoutSec: number): string {

@@ -12,12 +12,13 @@
 import type { AgentRun } from '../agent/agent.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
+import { shellQuote } from '../files/shell-quote.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import { runAgent } from './agent-phase.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } from './episode-attempt.ts';
 import { msSince } from './episode-attempt.ts';
-import { runHealthcheck } from './harbor-checks.ts';
+import { execAsRoot, runHealthcheck } from './harbor-checks.ts';
 import { verifyHarbor } from './harbor-verify.ts';
 import { passes } from '../tasks/batch-spec.ts';
 import { mainReward } from './reward-file.ts';
@@ -25,11 +26,6 @@ import { mainReward } from './reward-file.ts';
 type Step = NonNullable<HarborRun['steps']>[number];
 
 const ROOT = { uid: 0, gid: 0 } as const;
-
-/** `p` quoted for bash. */
-function shellQuote(p: string): string {
-  return `'${p.replace(/'/g, `'\\''`)}'`;
-}
 
 /** The task a step runs as: its instruction, its timeouts as the agent's ceiling and the verifier's, its users and env. */
 export function stepTask(task: TaskSpec, harbor: HarborRun, step: Step): TaskSpec {
@@ -120,11 +116,7 @@ async function prepareStep(ran: EpisodeAttempt, step: Step, session: SandboxSess
   const task = ran.job.task;
   const deadline = new Deadline('set-up', task.reserves.setupSec * 1000, ran.signal);
   try {
-    const asRoot = (what: string, command: string) => deadline.run(what, async (signal) => {
-      const run = await session.exec(command, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
-      if (run.exitCode !== 0) throw new FleetError('docker_error', `${what} failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);
-    });
-    await asRoot('emptying /logs/agent', 'rm -rf /logs/agent && mkdir -p /logs/agent && chmod 777 /logs/agent');
+    await execAsRoot(session, deadline, 'emptying /logs/agent', 'rm -rf /logs/agent && mkdir -p /logs/agent && chmod 777 /logs/agent');
     if (step.has.workdir) {
       const files = await made.archive.partAsTar(`steps/${step.name}/workdir`, task.workdir, ROOT);
       await deadline.run(`copying steps/${step.name}/workdir/ in`, (signal) => session.putArchive(files, '/', signal));

@@ -12,7 +12,7 @@ import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import { passes } from '../tasks/batch-spec.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import type { AttemptTrail, EpisodeAttempt, Graded, SetUpResult } from './episode-attempt.ts';
-import { HARBOR_TESTS_RESET, HARBOR_VERIFIER_RESET, runHealthcheck } from './harbor-checks.ts';
+import { HARBOR_TESTS_RESET, HARBOR_VERIFIER_RESET, execAsRoot, runHealthcheck } from './harbor-checks.ts';
 import { readSandboxReward } from './reward-file.ts';
 import { runVerifier } from './run-verifier.ts';
 import { verifySeparately, type SeparateVerifyDeps } from './separate-verifier.ts';
@@ -46,10 +46,7 @@ export async function verifyHarbor(
     await deadline.run('closing the model proxy', async () => made.proxy?.close());
     const check = harbor.healthcheck;
     if (check) await deadline.run('waiting for the healthcheck again', (signal) => runHealthcheck(session, check, signal));
-    const asRoot = (what: string, command: string) => deadline.run(what, async (signal) => {
-      const run = await session.exec(command, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
-      if (run.exitCode !== 0) throw new FleetError('docker_error', `${what} failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);
-    });
+    const asRoot = (what: string, command: string) => execAsRoot(session, deadline, what, command);
     await asRoot('emptying /logs/verifier and removing /tests', `${HARBOR_VERIFIER_RESET} && ${HARBOR_TESTS_RESET}`);
     for (const part of testsParts.filter((p) => made.archive.has(p))) {
       const tests = await made.archive.partAsTar(part, TESTS_DIR, ROOT_OWNER);

@@ -13,13 +13,14 @@ import path from 'node:path';
 import type { Readable } from 'node:stream';
 import type { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
+import { shellQuote } from '../files/shell-quote.ts';
 import { removeEnvironment } from '../sandbox/environment-lease.ts';
 import { harborKeepAlive } from '../sandbox/container-spec.ts';
 import { dockerStatusOf } from '../sandbox/docker-client.ts';
 import { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
-import { HARBOR_LOGS_SETUP, HARBOR_VERIFIER_RESET } from './harbor-checks.ts';
+import { HARBOR_LOGS_SETUP, HARBOR_VERIFIER_RESET, execAsRoot } from './harbor-checks.ts';
 import { readSandboxReward, type Reward } from './reward-file.ts';
 import { runVerifier } from './run-verifier.ts';
 
@@ -27,11 +28,6 @@ export type SeparateVerifyDeps = Pick<EpisodeDeps, 'docker' | 'callTimeoutMs' | 
 
 const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
-
-/** `p` quoted for bash. */
-function shellQuote(p: string): string {
-  return `'${p.replace(/'/g, `'\\''`)}'`;
-}
 
 /** A tar of `source` in `session` (its last path part at the top), at most `capBytes`; undefined when it does not exist. */
 async function copyOut(session: SandboxSession, source: string, capBytes: number, signal: AbortSignal): Promise<Buffer | undefined> {
@@ -68,10 +64,7 @@ export async function verifySeparately(
   const separate = harbor.separateVerifier!;
   const image = made.verifierImage;
   if (image === undefined || made.runtime === undefined) throw new FleetError('docker_error', 'the separate verifier\'s image was not prepared in set-up');
-  const asRootIn = (s: SandboxSession, what: string, command: string) => deadline.run(what, async (signal) => {
-    const run = await s.exec(command, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
-    if (run.exitCode !== 0) throw new FleetError('docker_error', `${what} failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);
-  });
+  const asRootIn = (s: SandboxSession, what: string, command: string) => execAsRoot(s, deadline, what, command);
 
   // 1. The collect hooks, in the agent's container while it still runs: best effort, as in Harbor.
   for (const [i, hook] of harbor.collect.entries()) {

@@ -18,6 +18,8 @@ import { enqueueBatch } from '../../src/producer/enqueue-batch.ts';
 import { loadBatch } from '../../src/tasks/load-task.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { ResultsStore } from '../../src/results/results-store.ts';
+import type { EpisodeResult } from '../../src/episode/episode-job.ts';
+import { writeBatch } from './scratch-tasks.ts';
 import { startWorker, type WorkerHandle, type WorkerOptions } from '../../src/worker/start-worker.ts';
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -253,4 +255,15 @@ export async function spawnDashboard(env: NodeJS.ProcessEnv, args: string[]): Pr
     await stop();
     throw err;
   }
+}
+
+/**
+ * Run the task folders `tasks` (or folders of them) with `agent` (the batch file's YAML for it): enqueue,
+ * wait for every result and for no container of the batch left; the results by task id (one sample each).
+ */
+export async function runTaskFolders(env: FleetEnv, tasks: string[], agent: string): Promise<Map<string, EpisodeResult>> {
+  const plan = await enqueueFile(env, await writeBatch(`tasks: ${JSON.stringify(tasks)}\nagent: ${agent}\n`, {}));
+  const results = await waitForResults(env, plan.batchId, plan.jobs.length, 600_000);
+  await waitForNoContainers(plan.batchId);
+  return new Map(results.map((r) => [r.taskId, r]));
 }

@@ -4,10 +4,8 @@
 import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { EpisodeResult } from '../../src/episode/episode-job.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { ROOT, enqueueFile, startEnvWorker, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
-import { writeBatch } from '../helpers/scratch-tasks.ts';
+import { ROOT, runTaskFolders, startEnvWorker, startFleetEnv, type FleetEnv } from '../helpers/fleet.ts';
 
 const FIXTURES = path.join(ROOT, 'test/fixtures/harbor-steps');
 
@@ -24,12 +22,7 @@ describe('Harbor multi-step tasks', () => {
     await env?.close();
   });
 
-  async function run(agent: string): Promise<Map<string, EpisodeResult>> {
-    const plan = await enqueueFile(env, await writeBatch(`tasks: [${JSON.stringify(FIXTURES)}]\nagent: ${agent}\n`, {}));
-    const results = await waitForResults(env, plan.batchId, plan.jobs.length, 600_000);
-    await waitForNoContainers(plan.batchId);
-    return new Map(results.map((r) => [r.taskId, r]));
-  }
+  const run = (agent: string) => runTaskFolders(env, [FIXTURES], agent);
 
   it('the oracle runs every step in one environment; a missed gate stops the steps after it', async () => {
     const byTask = await run('{ kind: oracle }');

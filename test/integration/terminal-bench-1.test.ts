@@ -5,10 +5,8 @@
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { EpisodeResult } from '../../src/episode/episode-job.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { ROOT, enqueueFile, startEnvWorker, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
-import { writeBatch } from '../helpers/scratch-tasks.ts';
+import { ROOT, runTaskFolders, startEnvWorker, startFleetEnv, type FleetEnv } from '../helpers/fleet.ts';
 
 const FIXTURES = path.join(ROOT, 'test/fixtures/terminal-bench-1');
 
@@ -25,12 +23,7 @@ describe('Terminal-Bench 1 tasks', () => {
     await env?.close();
   });
 
-  async function run(tasks: string[], agent: string): Promise<Map<string, EpisodeResult>> {
-    const plan = await enqueueFile(env, await writeBatch(`tasks: ${JSON.stringify(tasks)}\nagent: ${agent}\n`, {}));
-    const results = await waitForResults(env, plan.batchId, plan.jobs.length, 600_000);
-    await waitForNoContainers(plan.batchId);
-    return new Map(results.map((r) => [r.taskId, r]));
-  }
+  const run = (tasks: string[], agent: string) => runTaskFolders(env, tasks, agent);
 
   it('the oracle solves them (solution.sh, and solution.yaml typed into bash); no pytest summary is an error', async () => {
     const byTask = await run([FIXTURES], '{ kind: oracle }');
