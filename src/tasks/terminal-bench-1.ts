@@ -96,6 +96,19 @@ const IGNORED_KEYS: Readonly<Record<string, string>> = {
   hostname: 'not needed in one container', healthcheck: 'write [environment.healthcheck] in a Harbor task instead',
 };
 
+/**
+ * Early Terminal-Bench 1 tasks wrote `descriptions: [{ key: base, description }]` instead of
+ * `instruction`: the base description is the instruction, as Terminal-Bench used it.
+ */
+function withInstruction(raw: unknown): unknown {
+  if (raw === null || typeof raw !== 'object' || 'instruction' in raw) return raw;
+  const descriptions = (raw as { descriptions?: unknown }).descriptions;
+  if (!Array.isArray(descriptions)) return raw;
+  const base = descriptions.find((d) => d !== null && typeof d === 'object' && (d as { key?: unknown }).key === 'base') ?? descriptions[0];
+  const text = (base as { description?: unknown } | undefined)?.description;
+  return typeof text === 'string' ? { ...raw, instruction: text } : raw;
+}
+
 /** Text of a task file: bounded, a regular file, never echoed (the loader's reader). */
 export type ReadText = (file: string) => Promise<string>;
 
@@ -321,7 +334,7 @@ export function tb1CacheDir(env: NodeJS.ProcessEnv = process.env): string {
  * is copied), and the mapped folder is reused while the source and this mapper are unchanged.
  */
 export async function mapTerminalBench1(dir: string, read: ReadText, cacheDir = tb1CacheDir()): Promise<string> {
-  const yamlRaw = yamlOf(await read(path.join(dir, TB1_FILES.yaml)), TB1_FILES.yaml);
+  const yamlRaw = withInstruction(yamlOf(await read(path.join(dir, TB1_FILES.yaml)), TB1_FILES.yaml));
   const parsedYaml = Tb1TaskYaml.safeParse(yamlRaw);
   if (!parsedYaml.success) {
     const issue = parsedYaml.error.issues[0]!;

@@ -110,6 +110,15 @@ describe('mapping a folder', () => {
     await expect(loadTask(dir)).rejects.toThrow(/docker-compose\.yaml: services\.client\.privileged: not supported/);
   });
 
+  it('takes an early task.yaml\'s base description as the instruction', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-tb1-old-'));
+    await mkdir(path.join(dir, 'tests'));
+    await writeFile(path.join(dir, 'run-tests.sh'), 'true\n');
+    await writeFile(path.join(dir, 'docker-compose.yaml'), 'services:\n  client:\n    image: ubuntu:24.04\n');
+    await writeFile(path.join(dir, 'task.yaml'), 'descriptions:\n  - key: hard\n    description: terse\n  - key: base\n    description: Print the date.\n');
+    expect((await loadTask(dir)).spec.instruction).toBe('Print the date.\n');
+  });
+
   it('types solution.yaml\'s keystrokes into one bash, Enter where it says', () => {
     const script = tb1SolutionScript([{ command: 'echo a', append_enter: true }, { command: 'echo b', append_enter: false }, { command: 'c', append_enter: true }]);
     expect(script).toContain('echo a\necho bc\n');
