@@ -8,8 +8,12 @@
 // Where Harbor records a step's grading failure and aggregates the others, here it ends the episode
 // as an error with a kind: a grade that could not be given is never read as one.
 // Each step's /logs/agent and /logs/verifier are copied to /logs/steps/<name>/ before the next, so the
-// evidence (close keeps /logs) holds every step. A retried episode starts again from its first step.
+// evidence (close keeps /logs) holds every step. At each step boundary the graded steps and a tar of
+// the workdir are written to Redis, so a retried attempt (a worker killed in step 3, on any host)
+// restores the workdir and resumes at step 3; what the steps left outside the workdir is not kept.
+import path from 'node:path';
 import type { AgentRun } from '../agent/agent.ts';
+import { episodeStepsKey } from '../redis/redis-keys.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { shellQuote } from '../files/shell-quote.ts';
@@ -22,6 +26,7 @@ import { execAsRoot, runHealthcheck } from './harbor-checks.ts';
 import { verifyHarbor } from './harbor-verify.ts';
 import { passes } from '../tasks/batch-spec.ts';
 import { mainReward } from './reward-file.ts';
+import { copyOut } from './separate-verifier.ts';
 
 type Step = NonNullable<HarborRun['steps']>[number];
 
@@ -73,11 +78,13 @@ export async function runHarborSteps(
 ): Promise<Graded> {
   const task = attempt.job.task;
   const steps = harbor.steps!;
-  const graded: { name: string; reward: number; metrics: Record<string, number> }[] = [];
+  const progressKey = episodeStepsKey(deps.prefix, attempt.job.episodeId);
+  const graded: GradedStep[] = attempt.attempt > 1 ? await resumeSteps(attempt, deps, session, steps, progressKey) : [];
   let timedOut = false;
   trail.timings.agentMs = 0;
   trail.timings.verifyMs = 0;
   for (const [index, step] of steps.entries()) {
+    if (index < graded.length) continue;
     const last = index === steps.length - 1;
     const ran: EpisodeAttempt = { ...attempt, job: { ...attempt.job, task: stepTask(task, harbor, step) } };
     const ranHarbor = ran.job.task.harbor!;
@@ -103,12 +110,44 @@ export async function runHarborSteps(
       deps.log.info({ step: step.name, missed }, 'a step missed its min_reward: the steps after it do not run');
       break;
     }
+    if (!last) await saveSteps(deps, session, task.workdir, graded, progressKey, attempt.signal);
   }
   await made.proxy?.close();
+  await deps.redis.del(progressKey).catch(() => undefined);
   const metrics = aggregateSteps(harbor.stepStrategy ?? 'mean', graded);
   const reward = mainReward(metrics);
   for (const g of graded) metrics[`steps.${g.name}`] = g.reward;
   return { status: timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
+}
+
+type GradedStep = { name: string; reward: number; metrics: Record<string, number> };
+
+/** How long a step boundary's progress is kept for a retry. */
+const STEPS_TTL_MS = 7 * 24 * 3600 * 1000;
+
+/** The graded steps and the workdir at this boundary, in Redis; skipped (logged) when the workdir is over the snapshot's size. */
+async function saveSteps(deps: Pick<EpisodeDeps, 'redis' | 'log' | 'snapshotLimits'>, session: SandboxSession, workdir: string, graded: GradedStep[], key: string, signal: AbortSignal): Promise<void> {
+  const tar = await copyOut(session, workdir, deps.snapshotLimits.maxBytes, signal).catch((err: unknown) => {
+    deps.log.warn({ err: String(err) }, 'the workdir was not kept at this step boundary: a retry starts from the first step');
+    return undefined;
+  });
+  if (tar === undefined) {
+    await deps.redis.del(key);
+    return;
+  }
+  await deps.redis.multi().del(key).hset(key, 'done', JSON.stringify(graded), 'workdir', tar).pexpire(key, STEPS_TTL_MS).exec();
+}
+
+/** A retry's steps already graded, their workdir restored into the new sandbox; none when no boundary was kept. */
+async function resumeSteps(attempt: EpisodeAttempt, deps: Pick<EpisodeDeps, 'redis' | 'log'>, session: SandboxSession, steps: readonly Step[], key: string): Promise<GradedStep[]> {
+  const [done, tar] = await Promise.all([deps.redis.hget(key, 'done'), deps.redis.hgetBuffer(key, 'workdir')]);
+  if (done === null || tar === null) return [];
+  const graded = JSON.parse(done) as GradedStep[];
+  // Only a prefix of this task's steps, in order, is taken (the task cannot change under a job, but a record is data).
+  if (graded.length >= steps.length || graded.some((g, i) => g.name !== steps[i]!.name)) return [];
+  await session.putArchive(tar, path.posix.dirname(attempt.job.task.workdir), attempt.signal);
+  deps.log.info({ steps: graded.map((g) => g.name) }, 'resuming a multi-step episode after its last step boundary');
+  return graded;
 }
 
 /** Before a step's agent: /logs/agent emptied, the step's workdir/ put in and its setup.sh run, its healthcheck passed. */

@@ -30,7 +30,7 @@ const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
 
 /** A tar of `source` in `session` (its last path part at the top), at most `capBytes`; undefined when it does not exist. */
-async function copyOut(session: SandboxSession, source: string, capBytes: number, signal: AbortSignal): Promise<Buffer | undefined> {
+export async function copyOut(session: SandboxSession, source: string, capBytes: number, signal: AbortSignal): Promise<Buffer | undefined> {
   let stream: Readable;
   try {
     stream = await session.getArchive(source, signal);

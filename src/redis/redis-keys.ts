@@ -65,6 +65,9 @@ export const episodeStartsKey = (prefix: string, episodeId: string) => `${prefix
 /** String: a retry by kind was requested; the episode's recorded result is superseded once its job runs again. */
 export const episodeRetryKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:retry`;
 
+/** Hash with a TTL: a multi-step episode's progress at its last step boundary (`done`: JSON of the graded steps; `workdir`: tar of the workdir then), so a retry resumes at the next step. */
+export const episodeStepsKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:steps`;
+
 // --- checkpoints ---
 
 /** Token lock: the critical section of one episode's checkpoint write. */

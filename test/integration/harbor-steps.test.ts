@@ -5,7 +5,9 @@ import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { ROOT, runTaskFolders, startEnvWorker, startFleetEnv, type FleetEnv } from '../helpers/fleet.ts';
+import { episodeStepsKey } from '../../src/redis/redis-keys.ts';
+import { ROOT, enqueueFile, runTaskFolders, spawnWorker, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const FIXTURES = path.join(ROOT, 'test/fixtures/harbor-steps');
 
@@ -45,4 +47,37 @@ describe('Harbor multi-step tasks', () => {
     expect(gated).toMatchObject({ status: 'failed', reward: 0, metrics: { 'steps.one': 0, 'steps.two': 0 } });
     expect(gated.metrics).not.toHaveProperty('steps.three');
   });
+});
+
+describe('a multi-step episode whose worker is killed in a step', () => {
+  let env: FleetEnv;
+  const processes: WorkerProcess[] = [];
+
+  beforeAll(async () => {
+    env = await startFleetEnv();
+  });
+  afterAll(async () => {
+    await Promise.all(processes.map((w) => w.stop()));
+    await env?.close();
+  });
+
+  it('resumes at that step on another worker, the steps before it neither run nor graded again', async () => {
+    const fast = { FLEET_LEASE_TTL_MS: '2000', FLEET_REAPER_INTERVAL_MS: '1000', FLEET_LOCK_DURATION_MS: '4000' };
+    const victim = spawnWorker({ ...env.env, ...fast }, 'steps-victim', 1);
+    processes.push(victim);
+    const task = path.join(ROOT, 'test/fixtures/harbor-steps-resume/resumable');
+    const plan = await enqueueFile(env, await writeBatch(`tasks: [${JSON.stringify(task)}]\nagent: { kind: oracle }\n`, {}));
+    const episodeId = plan.jobs[0]!.episodeId;
+    // Step one's boundary is kept; step two's solution takes seconds: the worker dies in it.
+    await waitFor('step one\'s boundary kept', async () => (await env.client.hget(episodeStepsKey(env.prefix, episodeId), 'done')) !== null, 120_000, 100);
+    victim.child.kill('SIGKILL');
+    const rescuer = spawnWorker({ ...env.env, ...fast }, 'steps-rescuer', 1);
+    processes.push(rescuer);
+    const [result] = await waitForResults(env, plan.batchId, 1, 180_000);
+    // Each step's test checks the whole trace: step one run again would have written its line twice.
+    expect(result, rescuer.output().slice(-2000)).toMatchObject({ status: 'passed', reward: 1, attempts: 2, workerId: 'steps-rescuer', metrics: { 'steps.one': 1, 'steps.two': 1, 'steps.three': 1 } });
+    expect(await env.client.exists(episodeStepsKey(env.prefix, episodeId))).toBe(0);
+    // The dead worker's sandbox goes to the reaper.
+    await waitForNoContainers(plan.batchId, 90_000);
+  }, 300_000);
 });
