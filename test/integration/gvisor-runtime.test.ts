@@ -1,7 +1,8 @@
 // Sandboxes under gVisor (FLEET_SANDBOX_RUNTIME=runsc, registered by .ci/setup-host.sh): a session and
 // a whole episode really run on gVisor's kernel (its version and boot log, not the host's), keep the
 // hardening they have under runc (network none: loopback only; no capabilities; the runtime volume
-// read-only; memory, CPU and pids limits), and a runtime the engine does not list stops the worker.
+// read-only; memory, CPU and pids limits), an OOM kill (which takes the whole sandbox under gVisor)
+// ends the exec at once, and a runtime the engine does not list stops the worker.
 import { readFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -67,6 +68,19 @@ describe('sandboxes under gVisor (runsc)', () => {
       await session.remove();
     }
   }, 60_000);
+
+  it('an OOM kill takes the whole gVisor sandbox: the running exec ends with it, not at its timeout', async () => {
+    const spec = { image: DEFAULT_IMAGE, workdir: '/workspace', limits: { memoryMb: 128, cpus: 1, pids: 32 }, owner, runtime };
+    const session = await SandboxSession.open({ docker, log: silentLog, callTimeoutMs: 30_000 }, spec, () => undefined);
+    try {
+      // tail keeps what it reads (no newline comes): 300 MB cannot fit in 128 MB.
+      const hog = await session.exec('head -c 400m /dev/zero | tail -c 300m > /dev/null; echo "tail=$?"', { timeoutMs: 45_000, capBytes: 4096 });
+      expect(hog, JSON.stringify(hog)).toMatchObject({ timedOut: false, aborted: false, exitCode: null });
+      expect(await session.state()).toMatchObject({ running: false, oomKilled: true, initOomKilled: true });
+    } finally {
+      await session.remove();
+    }
+  }, 90_000);
 
   describe('an episode of a worker with FLEET_SANDBOX_RUNTIME=runsc', () => {
     let env: FleetEnv;
