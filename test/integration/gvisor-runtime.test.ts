@@ -12,7 +12,7 @@ import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
 import { enginePidsLimit, resolveSandboxRuntime, type SandboxRuntime } from '../../src/sandbox/sandbox-runtime.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { docker, enqueueFile, silentLog, startEnvWorker, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import { docker, enqueueFile, fleetContainers, silentLog, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const RUNTIME = 'runsc';
@@ -88,35 +88,48 @@ describe('sandboxes under gVisor (runsc)', () => {
 
     beforeAll(async () => {
       env = await startFleetEnv();
-      worker = await startEnvWorker(env, 'gvisor-w', { sandboxRuntime: RUNTIME });
+      // With a pool: the first episode of a kind creates its own sandbox, the next claims a warm one.
+      worker = await startEnvWorker(env, 'gvisor-w', { sandboxRuntime: RUNTIME, sandboxPool: 1 });
     });
     afterAll(async () => {
       await worker?.close();
       await env?.close();
     });
 
-    it('runs on gVisor, records the runtime in its provenance, keeps the runtime volume read-only, and is graded', async () => {
+    it('runs on gVisor (its own sandbox, then a warm one of the pool), records the runtime in its provenance, keeps the runtime volume read-only, and is graded', async () => {
       const agent = `${PROBE}\ntouch /opt/rollout-fleet/probe; echo "runtime-write=$?"\necho fixed > state.txt\n`;
-      const file = await writeBatch('tasks: [tasks]\nagent: { kind: command, command: "sh ./agent.sh" }\n', {
-        probe: {
-          yaml: 'id: probe\ninstruction: write fixed into state.txt\nverify:\n  command: cat state.txt | grep -qx fixed\n  timeoutSec: 10\n' +
+      // Another task id each time (a batch of the same tasks is the same batch): the same kind of sandbox.
+      const batchOf = (id: string) => writeBatch('tasks: [tasks]\nagent: { kind: command, command: "sh ./agent.sh" }\n', {
+        [id]: {
+          yaml: `id: ${id}\n` + 'instruction: write fixed into state.txt\nverify:\n  command: cat state.txt | grep -qx fixed\n  timeoutSec: 10\n' +
             'deadlineSec: 90\nreserves: { setupSec: 40, verifySec: 15, closeSec: 10 }\nlimits: { memoryMb: 256, cpus: 0.5, pids: 32 }\n',
           files: { 'workspace/state.txt': 'broken\n', 'workspace/agent.sh': agent, 'tests/.keep': '' },
         },
       });
-      const plan = await enqueueFile(env, file);
-      const [result] = await waitForResults(env, plan.batchId, 1, 120_000);
-      await waitForNoContainers(plan.batchId);
-      const out = await readFile(path.join(env.dataDir, 'evidence', result!.episodeId, 'attempt-1', 'agent.stdout.txt'), 'utf8');
-      expect(result, JSON.stringify(result)).toMatchObject({ status: 'passed', reward: 1, provenance: { sandboxRuntime: RUNTIME } });
-      expect(line(out, 'boot'), out).toContain('Starting gVisor');
-      expect(line(out, 'kernel')).not.toBe(os.release());
-      expect(line(out, 'ifaces')).toBe('lo,');
-      expect(line(out, 'caps')).toBe('CapEff:0000000000000000');
-      expect(Number(line(out, 'memtotal'))).toBe(256 * 1024);
-      expect(line(out, 'forked')).toBe('20');
-      expect(line(out, 'runtime-write')).toMatch(/^[1-9]/);
-    }, 150_000);
+      const runOne = async (id: string) => {
+        const plan = await enqueueFile(env, await batchOf(id));
+        const [result] = await waitForResults(env, plan.batchId, 1, 120_000);
+        await waitForNoContainers(plan.batchId);
+        const out = await readFile(path.join(env.dataDir, 'evidence', result!.episodeId, 'attempt-1', 'agent.stdout.txt'), 'utf8');
+        expect(result, JSON.stringify(result)).toMatchObject({ status: 'passed', reward: 1, provenance: { sandboxRuntime: RUNTIME } });
+        expect(line(out, 'boot'), out).toContain('Starting gVisor');
+        expect(line(out, 'kernel')).not.toBe(os.release());
+        expect(line(out, 'ifaces')).toBe('lo,');
+        expect(line(out, 'caps')).toBe('CapEff:0000000000000000');
+        expect(Number(line(out, 'memtotal'))).toBe(256 * 1024);
+        expect(line(out, 'forked')).toBe('20');
+        expect(line(out, 'runtime-write')).toMatch(/^[1-9]/);
+        return result!;
+      };
+      expect((await runOne('probe-own')).sandbox?.pooled).toBe(false);
+      // The warm sandbox made for the kind runs under runsc too, and the next episode claims it.
+      const [warm] = await waitFor('a warm sandbox', async () => {
+        const running = (await fleetContainers('pool', 'gvisor-w')).filter((c) => c.State === 'running');
+        return running.length > 0 && running;
+      }, 60_000, 200);
+      expect((await docker.getContainer(warm!.Id).inspect()).HostConfig).toMatchObject({ Runtime: RUNTIME, NetworkMode: 'none', PidsLimit: enginePidsLimit(32, runtime) });
+      expect((await runOne('probe-warm')).sandbox).toEqual({ containerId: warm!.Id, pooled: true });
+    }, 180_000);
   });
 
   it('refuses a runtime the engine does not list, and a malformed name, naming the setting and the value', async () => {
