@@ -59,11 +59,13 @@ fi
 # loaded with SIGHUP: dockerd re-reads `runtimes` from that file, so nothing running is restarted.
 # --network=none: the sandboxes have no network anyway, and runsc's own network set-up refuses to
 # start here ("cannot run with network enabled in root network namespace"); gVisor's netstack then
-# gives the sandbox a loopback only. Cgroups are kept (no --ignore-cgroups): they are what enforces
+# gives the sandbox a loopback only. --file-access=shared: the fleet writes into running sandboxes
+# through the engine (the workspace, a Harbor task's /tests after the agent), which gVisor's default
+# (exclusive) file cache does not see. Cgroups are kept (no --ignore-cgroups): they are what enforces
 # the memory, CPU and pids limits on the Sentry.
 register_runsc() {
   local conf=/etc/docker/daemon.json want
-  want='{"path":"/usr/bin/runsc","runtimeArgs":["--network=none"]}'
+  want='{"path":"/usr/bin/runsc","runtimeArgs":["--network=none","--file-access=shared"]}'
   if [ "$("$docker_cli" info --format '{{json (index .Runtimes "runsc")}}' 2>/dev/null)" = "$want" ]; then return 0; fi
   if [ -n "${DOCKER_HOST:-}" ]; then log "runsc not registered with the engine at DOCKER_HOST=$DOCKER_HOST (not this host's dockerd)"; return 0; fi
   log "registering runsc with the engine ($conf, SIGHUP)"

@@ -48,8 +48,8 @@ const MEASURED_SEC: Record<string, number> = {
   'test/integration/token-capture.test.ts': 15,
   'test/integration/drain.test.ts': 14,
   'test/integration/model-stub-sandbox.test.ts': 11,
-  // Measured alone (4 tests, 15 s): gVisor sessions (one OOM-killed), two episodes (own and warm sandbox), the refused setting.
-  'test/integration/gvisor-runtime.test.ts': 15,
+  // Measured alone (5 tests, 18 s): gVisor sessions (one OOM-killed), three episodes (own, warm, Harbor), the refused setting.
+  'test/integration/gvisor-runtime.test.ts': 18,
   'test/integration/dashboard.test.ts': 11,
   'test/integration/bad-input.test.ts': 11,
   'test/integration/api-batches.test.ts': 10,

@@ -3,7 +3,7 @@
 // hardening they have under runc (network none: loopback only; no capabilities; the runtime volume
 // read-only; memory, CPU and pids limits), an OOM kill (which takes the whole sandbox under gVisor)
 // ends the exec at once, and a runtime the engine does not list stops the worker.
-import { readFile } from 'node:fs/promises';
+import { mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -12,7 +12,7 @@ import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
 import { enginePidsLimit, resolveSandboxRuntime, type SandboxRuntime } from '../../src/sandbox/sandbox-runtime.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { docker, enqueueFile, fleetContainers, silentLog, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import { ROOT, docker, enqueueFile, fleetContainers, silentLog, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const RUNTIME = 'runsc';
@@ -130,6 +130,16 @@ describe('sandboxes under gVisor (runsc)', () => {
       expect((await docker.getContainer(warm!.Id).inspect()).HostConfig).toMatchObject({ Runtime: RUNTIME, NetworkMode: 'none', PidsLimit: enginePidsLimit(32, runtime) });
       expect((await runOne('probe-warm')).sandbox).toEqual({ containerId: warm!.Id, pooled: true });
     }, 180_000);
+
+    it('grades a Harbor task (a root sandbox whose /tests the fleet replaces after the agent) under runsc', async () => {
+      // gVisor's default file cache would not see /tests written through the engine: --file-access=shared.
+      const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-harbor-'));
+      const file = path.join(dir, 'batch.yaml');
+      await writeFile(file, `tasks: ${JSON.stringify([path.join(ROOT, 'test/fixtures/harbor/hello-file')])}\nagent: { kind: oracle }\n`);
+      const plan = await enqueueFile(env, file);
+      const [result] = await waitForResults(env, plan.batchId, 1, 120_000);
+      expect(result, JSON.stringify(result)).toMatchObject({ status: 'passed', reward: 1, provenance: { sandboxRuntime: RUNTIME } });
+    }, 150_000);
   });
 
   it('refuses a runtime the engine does not list, and a malformed name, naming the setting and the value', async () => {
