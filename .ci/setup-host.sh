@@ -2,8 +2,8 @@
 # Brings a fresh Debian machine (as root) to where the demo and the tests can run, reusing what already
 # runs: installs redis-server, docker.io, busybox-static, chromium (the dashboard's browser test) and
 # docker-compose (the compose file's test), btrfs-progs (the disk quota test's engine) and mmdebstrap
-# (the stand-in base images of Harbor tasks) if missing, starts dockerd without its
-# default bridge when no engine answers, runs `npm ci` when node_modules is stale, compiles dist/
+# (the stand-in base images of Harbor tasks) and runsc (gVisor) if missing, starts dockerd without its
+# default bridge when no engine answers, registers runsc with it as runtime `runsc`, runs `npm ci` when node_modules is stale, compiles dist/
 # (incrementally), and builds the local sandbox image rollout-fleet/sandbox:busybox (there is no registry to pull from).
 # Redis itself is not started here: the demo and the test suite each start a private redis-server
 # when REDIS_URL is not set.
