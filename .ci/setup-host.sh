@@ -2,8 +2,8 @@
 # Brings a fresh Debian machine (as root) to where the demo and the tests can run, reusing what already
 # runs: installs redis-server, docker.io, busybox-static, chromium (the dashboard's browser test) and
 # docker-compose (the compose file's test), btrfs-progs (the disk quota test's engine) and mmdebstrap
-# (the stand-in base images of Harbor tasks) if missing, starts dockerd without its
-# default bridge when no engine answers, runs `npm ci` when node_modules is stale, compiles dist/
+# (the stand-in base images of Harbor tasks) and runsc (gVisor) if missing, starts dockerd without its
+# default bridge when no engine answers, registers runsc with it as runtime `runsc`, runs `npm ci` when node_modules is stale, compiles dist/
 # (incrementally), and builds the local sandbox image rollout-fleet/sandbox:busybox (there is no registry to pull from).
 # Redis itself is not started here: the demo and the test suite each start a private redis-server
 # when REDIS_URL is not set.
@@ -26,6 +26,8 @@ command -v mkfs.btrfs >/dev/null 2>&1 || need_pkgs+=(btrfs-progs)
 # Harbor tasks' Dockerfiles start FROM ubuntu:24.04, python:3.12-slim...: stand-ins are built from
 # Debian's packages (build-base-images.sh), which needs mmdebstrap once (its output is cached).
 command -v mmdebstrap >/dev/null 2>&1 || need_pkgs+=(mmdebstrap)
+# gVisor's runsc, the optional sandbox runtime (FLEET_SANDBOX_RUNTIME=runsc), registered with the engine below.
+[ -x /usr/bin/runsc ] || need_pkgs+=(runsc)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -52,6 +54,40 @@ if ! "$docker_cli" info >/dev/null 2>&1; then
   done
   "$docker_cli" info >/dev/null 2>&1 || { log "dockerd did not answer; see /var/log/dockerd.log"; exit 1; }
 fi
+
+# runsc as the engine's runtime `runsc`, in /etc/docker/daemon.json (merged into what is there),
+# loaded with SIGHUP: dockerd re-reads `runtimes` from that file, so nothing running is restarted.
+# --network=none: the sandboxes have no network anyway, and runsc's own network set-up refuses to
+# start here ("cannot run with network enabled in root network namespace"); gVisor's netstack then
+# gives the sandbox a loopback only. --file-access=shared: the fleet writes into running sandboxes
+# through the engine (the workspace, a Harbor task's /tests after the agent), which gVisor's default
+# (exclusive) file cache does not see. Cgroups are kept (no --ignore-cgroups): they are what enforces
+# the memory, CPU and pids limits on the Sentry.
+register_runsc() {
+  local conf=/etc/docker/daemon.json want
+  want='{"path":"/usr/bin/runsc","runtimeArgs":["--network=none","--file-access=shared"]}'
+  if [ "$("$docker_cli" info --format '{{json (index .Runtimes "runsc")}}' 2>/dev/null)" = "$want" ]; then return 0; fi
+  if [ -n "${DOCKER_HOST:-}" ]; then log "runsc not registered with the engine at DOCKER_HOST=$DOCKER_HOST (not this host's dockerd)"; return 0; fi
+  log "registering runsc with the engine ($conf, SIGHUP)"
+  mkdir -p /etc/docker
+  python3 - "$conf" "$want" <<'PY'
+import json, os, sys
+conf, want = sys.argv[1], json.loads(sys.argv[2])
+doc = json.load(open(conf)) if os.path.exists(conf) and os.path.getsize(conf) else {}
+doc.setdefault('runtimes', {})['runsc'] = want
+tmp = conf + '.tmp'
+with open(tmp, 'w') as f: json.dump(doc, f, indent=2); f.write('\n')
+os.replace(tmp, conf)
+PY
+  local pid; pid=$(cat /var/run/docker.pid 2>/dev/null || pgrep -xo dockerd || true)
+  [ -n "$pid" ] && kill -HUP "$pid"
+  for _ in $(seq 1 40); do
+    [ "$("$docker_cli" info --format '{{json (index .Runtimes "runsc")}}' 2>/dev/null)" = "$want" ] && return 0
+    sleep 0.25
+  done
+  log "dockerd did not load runtime runsc from $conf; see /var/log/dockerd.log"; exit 1
+}
+register_runsc
 
 # Node dependencies: npm ci when node_modules is missing or older than the lock file (its prepare
 # script compiles dist/).

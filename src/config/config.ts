@@ -46,6 +46,12 @@ export const FleetConfig = z.object({
    */
   FLEET_SANDBOX_POOL: z.coerce.number().int().min(0).max(64).default(1),
   /**
+   * The engine's runtime every sandbox of this worker runs under (HostConfig.Runtime), e.g. `runsc`
+   * (gVisor) for tasks that run as root and are not trusted; one the engine does not list stops the
+   * worker at start. Unset: the engine's default (runc).
+   */
+  FLEET_SANDBOX_RUNTIME: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'a runtime name: letters, digits, ., - and _').optional(),
+  /**
    * Self-tuning concurrency: the worker runs between FLEET_WORKER_CONCURRENCY_FLOOR and
    * FLEET_WORKER_CONCURRENCY episodes at once, fewer while the Docker engine's latency says it is
    * overloaded (src/worker/admission.ts). false: always FLEET_WORKER_CONCURRENCY. @default true

@@ -25,6 +25,7 @@ import type { EpisodeControl } from './episode-control.ts';
 import type { EpisodePhase } from './running-episodes.ts';
 import type { TaskImage } from '../environments/task-environment.ts';
 import type { TaskSpec } from '../tasks/task-spec.ts';
+import type { SandboxRuntime } from '../sandbox/sandbox-runtime.ts';
 
 export interface EpisodeDeps {
   docker: Docker;
@@ -53,6 +54,8 @@ export interface EpisodeDeps {
   publisher: EvidencePublisher;
   /** Warm sandboxes set-up claims before creating one. @default none */
   pool?: SandboxPool;
+  /** The engine's runtime every sandbox runs under (FLEET_SANDBOX_RUNTIME). @default the engine's default */
+  sandboxRuntime?: SandboxRuntime | undefined;
 }
 
 export interface ModelSettings {

@@ -68,6 +68,8 @@ export const EpisodeResult = z.object({
     agent: AgentSpec,
     /** A Harbor task's environment: built by the fleet from environment/ (its content digest), or its docker_image. */
     environment: z.object({ source: z.enum(['built', 'docker_image']), digest: z.string().optional() }).optional(),
+    /** The engine's runtime the sandbox ran under (FLEET_SANDBOX_RUNTIME, e.g. runsc); absent: the engine's default. */
+    sandboxRuntime: z.string().optional(),
   }),
   /** The network each phase of a Harbor task asked for, and what the fleet applied (capped by the operator). */
   network: z.object({

@@ -132,6 +132,7 @@ function assembleResult(
     provenance: {
       taskDigest: job.taskDigest, image: ranTask?.image ?? job.task.image, ...(imageId && { imageId }), agent: job.agent,
       ...(image && image.source !== 'image' && { environment: { source: image.source, ...(image.digest && { digest: image.digest }) } }),
+      ...(lease.session?.spec.runtime && { sandboxRuntime: lease.session.spec.runtime.name }),
     },
     // Every phase runs with network none whatever the task asked for: what it asked is kept beside it.
     ...(harbor && {

@@ -22,7 +22,7 @@ import { HARBOR_LOGS_SETUP, runHealthcheck } from './harbor-checks.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 
 /** What set-up uses of the worker's clients and stores. */
-export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool'>;
+export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime'>;
 
 const ROOT = { uid: 0, gid: 0 } as const;
 
@@ -87,7 +87,7 @@ export async function setUp(
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
       {
-        ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [],
+        ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [], runtime: deps.sandboxRuntime,
         ...(task.harbor && { harbor: { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) } }),
       },
       // Registered as soon as the container exists, so close removes it even if set-up goes no further.

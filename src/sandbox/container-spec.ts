@@ -5,6 +5,7 @@ import { randomBytes } from 'node:crypto';
 import type Docker from 'dockerode';
 import type { Limits } from '../tasks/task-spec.ts';
 import { pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
+import { enginePidsLimit, type SandboxRuntime } from './sandbox-runtime.ts';
 
 /** A named volume mounted read-only into the sandbox (e.g. the runtime generation at /opt/rollout-fleet). */
 export interface VolumeMount {
@@ -22,6 +23,8 @@ export interface SessionSpec {
   owner: SandboxOwner;
   /** A warm sandbox of owner.workerId's pool: labelled as pooled, with no episode until one claims it. */
   pooled?: boolean;
+  /** The engine's runtime it runs under (FLEET_SANDBOX_RUNTIME). @default the engine's default */
+  runtime?: SandboxRuntime | undefined;
   /** Volumes mounted read-only. @default [] */
   mounts?: VolumeMount[];
   /** Host folders bind-mounted read-only at the same path (the model proxy's socket folder). @default [] */
@@ -102,8 +105,9 @@ export function hardenedCreateOptions(
       Memory: memoryBytes,
       MemorySwap: memoryBytes,
       NanoCpus: Math.round(limits.cpus * 1e9),
-      PidsLimit: limits.pids,
+      PidsLimit: enginePidsLimit(limits.pids, spec.runtime),
       Init: true,
+      ...(spec.runtime && { Runtime: spec.runtime.name }),
       ...(storageOpt && { StorageOpt: storageOpt }),
       AutoRemove: false,
       Mounts: [

@@ -27,6 +27,8 @@ export interface ExecTarget {
   user?: string;
   /** What runs each command: `sh -c` (the fleet's tasks) or `bash -c` (Harbor's). @default ['sh', '-c'] */
   shell?: readonly string[];
+  /** Calls its listener when the container dies (every process of it gone); returns its removal. */
+  onDie?: ((listener: () => void) => () => void) | undefined;
 }
 
 export interface ExecOptions {
@@ -85,7 +87,14 @@ export async function execIn(target: ExecTarget, command: string, opts: ExecOpti
     if (limit.aborted) resolve('stopped');
     else limit.addEventListener('abort', () => resolve('stopped'), { once: true });
   });
-  const first = await Promise.race([ended.then(() => 'ended' as const), stopped]);
+  // A sandbox that died under the exec (under gVisor, an OOM kill takes it whole) ends it: the engine
+  // may never end its stream, and no process is left to wait for.
+  let offDie: (() => void) | undefined;
+  const died = new Promise<'died'>((resolve) => {
+    offDie = target.onDie?.(() => resolve('died'));
+  });
+  const first = await Promise.race([ended.then(() => 'ended' as const), stopped, died]).finally(() => offDie?.());
+  if (first === 'died') stream.destroy();
   const aborted = first === 'stopped' && opts.signal?.aborted === true;
   const timedOut = first === 'stopped' && !aborted;
   if (first === 'stopped') {
@@ -99,7 +108,7 @@ export async function execIn(target: ExecTarget, command: string, opts: ExecOpti
     );
     exitCode = info.ExitCode ?? null;
   } catch (err) {
-    if (first !== 'stopped') throw err;
+    if (first === 'ended') throw err;
   }
   return {
     exitCode,

@@ -23,6 +23,7 @@ import { untilAborted } from '../deadlines/deadline.ts';
 import { sandboxClaimKey } from '../redis/redis-keys.ts';
 import type { SandboxOwner } from './labels.ts';
 import { SandboxSession, removeContainer, type SessionSpec } from './sandbox-session.ts';
+import type { SandboxRuntime } from './sandbox-runtime.ts';
 
 /** What a pooled sandbox is made for; a claim matches all of it. */
 export type PoolSpec = Pick<SessionSpec, 'image' | 'workdir' | 'limits' | 'mounts'>;
@@ -38,6 +39,8 @@ export interface PoolOptions {
   size: number;
   /** Where each pooled sandbox's own folder is made (the data folder's run/). */
   runDir: string;
+  /** The engine's runtime its sandboxes run under (FLEET_SANDBOX_RUNTIME). @default the engine's default */
+  runtime?: SandboxRuntime | undefined;
   /** Kinds kept warm at once; the least recently claimed is dropped first. @default 4 */
   maxKinds?: number;
   /** A kind not claimed for this long is dropped. @default 10 minutes */
@@ -190,7 +193,7 @@ export class SandboxPool {
     try {
       const session = await SandboxSession.open(
         { docker: opts.docker, log: opts.log, callTimeoutMs: opts.callTimeoutMs },
-        { ...spec, owner: { fleet: opts.prefix, workerId: opts.workerId, episodeId: '', batchId: '', attempt: 0 }, pooled: true, bindFolders: [folder] },
+        { ...spec, owner: { fleet: opts.prefix, workerId: opts.workerId, episodeId: '', batchId: '', attempt: 0 }, pooled: true, bindFolders: [folder], runtime: opts.runtime },
         (id) => (containerId = id),
         AbortSignal.timeout(opts.callTimeoutMs * 3),
       );

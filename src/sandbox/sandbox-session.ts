@@ -230,9 +230,11 @@ export class SandboxSession {
 
   private execTarget(): ExecTarget {
     const { docker, log, callTimeoutMs } = this.deps;
-    const harbor = this.spec.harbor;
+    const { harbor } = this.spec;
+    const { oom } = this;
     return {
       docker, log, callTimeoutMs, container: this.container, containerId: this.containerId, workdir: this.spec.workdir,
+      onDie: oom && ((listener) => oom.onDie(listener)),
       // A Harbor task's commands: `bash -c`, as its user or the image's (''), as Harbor runs them.
       ...(harbor && { user: harbor.user ?? '', shell: ['bash', '-c'] }),
     };

@@ -42,6 +42,7 @@ import { startAdmission, type AdmissionOptions, type AdmissionRunner } from './a
 import { startHostFacts } from './host-facts.ts';
 import { startLease } from '../cleanup/worker-lease.ts';
 import { SandboxPool } from '../sandbox/sandbox-pool.ts';
+import { resolveSandboxRuntime } from '../sandbox/sandbox-runtime.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
 import { startPruneSchedule, type PruneSchedule } from '../environments/prune-schedule.ts';
 import { prepareQueueName } from '../environments/prepare-job.ts';
@@ -59,6 +60,11 @@ export interface WorkerOptions {
   concurrency: number;
   /** Warm sandboxes kept ready per kind (src/sandbox/sandbox-pool.ts). @default 0: none */
   sandboxPool?: number;
+  /**
+   * The engine's runtime every sandbox runs under (FLEET_SANDBOX_RUNTIME, e.g. runsc); start fails with a
+   * ConfigError naming the setting when the engine does not list it. @default the engine's default
+   */
+  sandboxRuntime?: string;
   /**
    * Admission control (src/worker/admission.ts). With `autotune`, the worker runs between `floor` and
    * `concurrency` episodes at once, as the engine's latency (and the host's load, when a limit is set)
@@ -156,6 +162,11 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const drainTimeoutMs = opts.drainTimeoutMs ?? 30_000;
   const closeGraceMs = opts.closeGraceMs ?? CLOSE_GRACE_MS;
   const snapshotLimits = opts.snapshotLimits ?? DEFAULT_SNAPSHOT_LIMITS;
+  // Before anything connects: a runtime the engine does not know would fail every sandbox.
+  const sandboxRuntime = opts.sandboxRuntime === undefined
+    ? undefined
+    : await resolveSandboxRuntime(docker, opts.sandboxRuntime, { timeoutMs: opts.callTimeoutMs });
+  if (sandboxRuntime) log.info({ sandboxRuntime }, 'sandboxes run under the engine runtime');
 
   const connection = new Redis(opts.redisUrl, { maxRetriesPerRequest: null, connectionName: `rf-worker-${workerId}` });
   // disableClientInfo: ioredis 5.8.2+ may send CLIENT SETINFO and INFO after SUBSCRIBE on (re)connect, which
@@ -213,7 +224,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   const workerOpts = { connection, prefix, name: workerId, lockDuration, stalledInterval: lockDuration };
   const pool = new SandboxPool({
     docker, log, callTimeoutMs: opts.callTimeoutMs, redis: connection, prefix, workerId,
-    size: opts.sandboxPool ?? 0, runDir: path.join(opts.dataDir, 'run'),
+    size: opts.sandboxPool ?? 0, runDir: path.join(opts.dataDir, 'run'), runtime: sandboxRuntime,
   });
   // The Worker of this engine's prepare queue, once the engine's id is known (below).
   let prepare: Worker | undefined;
@@ -246,6 +257,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     checkpoints: { sink: checkpointSink, store: checkpointStore },
     prepareRuntime: runtime.prepare,
     pool,
+    sandboxRuntime,
     scheduleCleanup: cleanupHandOver(cleanupQueue, docker, opts.callTimeoutMs),
   };
   // A stall (the worker running the attempt died) is an infrastructure failure: BullMQ may hand the

@@ -53,6 +53,8 @@ const MEASURED_SEC: Record<string, number> = {
   'test/integration/model-stub-sandbox.test.ts': 11,
   // Measured alone (21 s of tests, the Python trainer's batch included).
   'test/integration/reward-file-tasks.test.ts': 24,
+  // Measured alone (5 tests, 18 s): gVisor sessions (one OOM-killed), three episodes (own, warm, Harbor), the refused setting.
+  'test/integration/gvisor-runtime.test.ts': 18,
   'test/integration/dashboard.test.ts': 11,
   'test/integration/bad-input.test.ts': 11,
   'test/integration/api-batches.test.ts': 10,
