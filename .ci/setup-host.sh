@@ -85,7 +85,8 @@ PY
     [ "$("$docker_cli" info --format '{{json (index .Runtimes "runsc")}}' 2>/dev/null)" = "$want" ] && return 0
     sleep 0.25
   done
-  log "dockerd did not load runtime runsc from $conf; see /var/log/dockerd.log"; exit 1
+  # Only the gVisor tests need it: everything else goes on (they then fail, naming the runtime).
+  log "dockerd did not load runtime runsc from $conf; see /var/log/dockerd.log (the gVisor tests will fail)"
 }
 register_runsc
 
