@@ -73,7 +73,8 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, trail:
     made = await setUp(attempt, deps, trail, attempt.setUp);
     ran = made.task === job.task ? attempt : { ...attempt, job: { ...job, task: made.task } };
     // A retried llm episode continues from its latest durable checkpoint, workspace included.
-    resumed = job.agent.kind === 'llm' ? await resumePoint(ran, deps, made.session, attempt.setUp) : undefined;
+    // (A multi-step task resumes at its last step boundary instead: harbor-steps.ts.)
+    resumed = job.agent.kind === 'llm' && made.task.harbor?.steps === undefined ? await resumePoint(ran, deps, made.session, attempt.setUp) : undefined;
     if (resumed) trail.resumedFrom = resumed.seq;
   } finally {
     // From pick-up: the processor's Redis steps count against the reserve too.
