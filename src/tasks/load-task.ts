@@ -346,10 +346,14 @@ async function resolveBatch(parsed: BatchFile, where: BatchSource): Promise<Load
     if (other === undefined) tasks.push(task);
     seen.set(task.spec.id, source);
   };
+  // A digest named again is the same task: fetched and resolved once (a batch may name one 10,000 times).
+  const stored = new Map<string, Awaited<ReturnType<typeof loadStoredTask>>>();
   for (const [index, entry] of batch.tasks.entries()) {
     if (typeof entry !== 'string') {
       if (where.archives === undefined) throw invalid(file, [`tasks.${index}: a stored task needs the fleet's Redis (got ${JSON.stringify(entry.digest)})`]);
-      const { task, hasSolution } = await loadStoredTask(entry.digest, batch.defaults, where.archives, `${file}: tasks.${index}`);
+      const loaded = stored.get(entry.digest) ?? await loadStoredTask(entry.digest, batch.defaults, where.archives, `${file}: tasks.${index}`);
+      stored.set(entry.digest, loaded);
+      const { task, hasSolution } = loaded;
       if (batch.agent.kind === 'oracle' && !hasSolution) {
         throw invalid(file, [`tasks.${index}: solution/solve.sh: missing (the oracle agent runs it; give the task a solution/ or use another agent)`]);
       }
