@@ -13,6 +13,7 @@ import { MODEL_CALLS_FILE, modelSocketPath, startModelProxy, type ModelProxy } f
 import { removeEnvironment } from '../sandbox/environment-lease.ts';
 import { SANDBOX_USER, SandboxSession } from '../sandbox/sandbox-session.ts';
 import { harborKeepAlive } from '../sandbox/container-spec.ts';
+import type { PoolSpec } from '../sandbox/sandbox-pool.ts';
 import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
@@ -51,11 +52,15 @@ export async function setUp(
   const task: TaskSpec = { ...job.task, image: image.image, workdir: effectiveWorkdir(job.task, image) };
   made.task = task;
   const owner = { fleet: deps.prefix, episodeId: job.episodeId, batchId: job.batchId, workerId: deps.workerId, attempt: attempt.attempt };
-  const poolSpec = { image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount] };
+  // The sandbox as this episode creates it; a warm one of the pool matches all of it. A Harbor task's
+  // keeps its image's ENTRYPOINT and USER, with its environment and /logs made (the pool makes them
+  // before a claim); its environment upload and healthcheck still run here, for this episode.
+  const harborSpec = task.harbor && { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) };
+  const sessionSpec = { image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount], ...(harborSpec && { harbor: harborSpec }) };
+  const poolSpec: PoolSpec = { ...sessionSpec, ...(harborSpec && { rootSetup: HARBOR_LOGS_SETUP }) };
   // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
-  // (Not for a Harbor task: its sandbox keeps its image's ENTRYPOINT and user, which pooled ones do not.)
   const pool = deps.pool;
-  const claimed = pool?.enabled && task.harbor === undefined
+  const claimed = pool?.enabled
     ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal), (late) => {
       if (late === undefined) return;
       late.refill();
@@ -80,10 +85,7 @@ export async function setUp(
     }
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
-      {
-        ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [],
-        ...(task.harbor && { harbor: { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) } }),
-      },
+      { ...sessionSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [] },
       // Registered as soon as the container exists, so close removes it even if set-up goes no further.
       (id) => lease.registerContainer(id),
       signal,
@@ -92,7 +94,7 @@ export async function setUp(
     if (claimed === undefined) lease.attach(session);
     const { imageId } = session;
     made.imageId = imageId;
-    if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline);
+    if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline, { logsMade: claimed !== undefined });
     else {
       const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
       await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
@@ -108,9 +110,14 @@ export async function setUp(
  * /logs/artifacts writable by the agent's user, environment/'s files in the workdir when the task
  * has only a docker_image, and its healthcheck passed.
  */
-async function prepareHarborSandbox(task: TaskSpec, harbor: HarborRun, archive: TaskArchive, session: SandboxSession, deadline: Deadline): Promise<void> {
-  const logs = await deadline.run('making /logs', (signal) => session.exec(HARBOR_LOGS_SETUP, { timeoutMs: deadline.remainingMs, capBytes: 4096, user: '0', workdir: '/', signal }));
-  if (logs.exitCode !== 0) throw new FleetError('docker_error', `making /logs in the sandbox failed (exit ${logs.exitCode}): ${logs.stderr.text.slice(0, 300)}`);
+async function prepareHarborSandbox(
+  task: TaskSpec, harbor: HarborRun, archive: TaskArchive, session: SandboxSession, deadline: Deadline, opts: { logsMade: boolean },
+): Promise<void> {
+  // A warm sandbox's /logs were made by the pool, before the claim.
+  if (!opts.logsMade) {
+    const logs = await deadline.run('making /logs', (signal) => session.exec(HARBOR_LOGS_SETUP, { timeoutMs: deadline.remainingMs, capBytes: 4096, user: '0', workdir: '/', signal }));
+    if (logs.exitCode !== 0) throw new FleetError('docker_error', `making /logs in the sandbox failed (exit ${logs.exitCode}): ${logs.stderr.text.slice(0, 300)}`);
+  }
   if (harbor.uploadEnvironment && archive.has('environment')) {
     const files = await archive.partAsTar('environment', task.workdir, ROOT);
     await deadline.run('copying environment/ into the workdir', (signal) => session.putArchive(files, '/', signal));

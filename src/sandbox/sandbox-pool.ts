@@ -1,7 +1,9 @@
 // The warm sandbox pool of one worker: containers created and started ahead, hardened as any sandbox
 // (network none, no capabilities, the task's limits), labelled as this worker's pooled sandboxes, so
 // an episode's set-up claims a running one instead of waiting for create and start. Kept per kind (image,
-// workdir, limits and the runtime generation mounted): a claim takes one of its kind, or none (the
+// workdir, limits, the runtime generation mounted, and for a Harbor task's built or docker_image image
+// its ENTRYPOINT's keep-alive, environment, user and the root command run once started, /logs made):
+// a claim takes one of its kind, or none (the
 // caller creates its own, as without a pool), and the kind is refilled in the background (after a
 // claim, once the claimer's set-up is done with the engine: the refill's create and start would slow
 // its workspace copy by a third here). A claimed
@@ -25,7 +27,13 @@ import type { SandboxOwner } from './labels.ts';
 import { SandboxSession, removeContainer, type SessionSpec } from './sandbox-session.ts';
 
 /** What a pooled sandbox is made for; a claim matches all of it. */
-export type PoolSpec = Pick<SessionSpec, 'image' | 'workdir' | 'limits' | 'mounts'>;
+export type PoolSpec = Pick<SessionSpec, 'image' | 'workdir' | 'limits' | 'mounts' | 'harbor'> & {
+  /**
+   * Run once as root in / right after the start, before any claim (a Harbor sandbox's /logs folders);
+   * a non-zero exit discards the sandbox. The claimer does not run it again.
+   */
+  rootSetup?: string;
+};
 
 export interface PoolOptions {
   docker: Docker;
@@ -78,7 +86,13 @@ const RETRY_AFTER_FAILURE_MS = 5_000;
 /** The identity of a kind: everything the container was created with that an episode depends on. */
 export function poolKey(spec: PoolSpec): string {
   const { memoryMb, cpus, pids, diskMb } = spec.limits;
-  return JSON.stringify([spec.image, spec.workdir, memoryMb, cpus, pids, diskMb ?? null, (spec.mounts ?? []).map((m) => [m.volumeName, m.target])]);
+  const { harbor } = spec;
+  // A Harbor sandbox's process, environment and exec user are part of it: its ENTRYPOINT sees the env,
+  // and the adopted session runs every command as the user it was created for.
+  const harborPart = harbor === undefined
+    ? null
+    : [[...harbor.keepAlive], Object.entries(harbor.env).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)), harbor.user ?? null];
+  return JSON.stringify([spec.image, spec.workdir, memoryMb, cpus, pids, diskMb ?? null, (spec.mounts ?? []).map((m) => [m.volumeName, m.target]), harborPart, spec.rootSetup ?? null]);
 }
 
 const mountsOf = (spec: PoolSpec) => JSON.stringify((spec.mounts ?? []).map((m) => [m.volumeName, m.target]));
@@ -182,8 +196,9 @@ export class SandboxPool {
     }
   }
 
-  private async create(spec: PoolSpec): Promise<Warm> {
+  private async create(poolSpec: PoolSpec): Promise<Warm> {
     const { opts } = this;
+    const { rootSetup, ...spec } = poolSpec;
     const folder = path.join(opts.runDir, `pool-${randomBytes(8).toString('hex')}`);
     await mkdir(folder, { recursive: true, mode: 0o755 });
     let containerId: string | undefined;
@@ -194,6 +209,17 @@ export class SandboxPool {
         (id) => (containerId = id),
         AbortSignal.timeout(opts.callTimeoutMs * 3),
       );
+      if (rootSetup !== undefined) {
+        const run = await session.exec(rootSetup, { timeoutMs: opts.callTimeoutMs, capBytes: 4096, user: '0', workdir: '/', signal: AbortSignal.timeout(opts.callTimeoutMs * 2) })
+          .catch((err: unknown) => {
+            session.stopWatching();
+            throw err;
+          });
+        if (run.exitCode !== 0) {
+          session.stopWatching();
+          throw new Error(`the pool's set-up command in a sandbox of ${spec.image} exited ${run.exitCode}`);
+        }
+      }
       return { session, folder };
     } catch (err) {
       if (containerId !== undefined) await removeContainer(opts.docker, containerId, opts.callTimeoutMs).catch(() => undefined);
