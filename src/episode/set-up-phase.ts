@@ -19,7 +19,7 @@ import { getTaskArchive } from '../tasks/task-store.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import { effectiveWorkdir, resolveTaskImage } from '../environments/task-environment.ts';
-import { HARBOR_LOGS_SETUP, runHealthcheck } from './harbor-checks.ts';
+import { harborLogsTar, runHealthcheck } from './harbor-checks.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 
 /** What set-up uses of the worker's clients and stores. */
@@ -39,29 +39,35 @@ export async function setUp(
   const made = trail.setUp;
   const archive = await deadline.run('fetching the task archive from Redis', () => getTaskArchive(deps.redis, deps.prefix, job.taskDigest));
   made.archive = archive;
-  const runtime = await deadline.run('preparing the runtime generation', (signal) => deps.prepareRuntime(signal));
-  made.runtime = runtime;
-  // A Harbor task's image: its docker_image when the engine has it, else its environment/ built here
-  // (once per engine and content; the episode says it waits for the build meanwhile).
-  const image = await deadline.run('preparing the environment image', (signal) => resolveTaskImage(deps, job.task, archive, {
-    signal,
-    onBuildWait: () => attempt.onPhase?.('build'),
-  }));
+  // The runtime generation, and beside it a Harbor task's image: its docker_image when the engine has
+  // it, else its environment/ built here (once per engine and content; the episode says it waits for
+  // the build meanwhile). Side by side: a worker's first preparation (hashing the runtime, a probe
+  // container) no longer adds to a fresh environment's build.
+  const [runtime, image] = await deadline.run('preparing the runtime generation and the environment image', (signal) => Promise.all([
+    deps.prepareRuntime(signal).then((r) => (made.runtime = r)),
+    resolveTaskImage(deps, job.task, archive, { signal, onBuildWait: () => attempt.onPhase?.('build') }),
+  ]));
   attempt.onPhase?.('setup');
   made.image = image;
   const task: TaskSpec = { ...job.task, image: image.image, workdir: effectiveWorkdir(job.task, image) };
   made.task = task;
   const owner = { fleet: deps.prefix, episodeId: job.episodeId, batchId: job.batchId, workerId: deps.workerId, attempt: attempt.attempt };
   // The sandbox as this episode creates it; a warm one of the pool matches all of it. A Harbor task's
-  // keeps its image's ENTRYPOINT and USER, with its environment and /logs made (the pool makes them
-  // before a claim); its environment upload and healthcheck still run here, for this episode.
+  // keeps its image's ENTRYPOINT and USER, with its environment, and /logs written before its start;
+  // its environment upload and healthcheck run here, after any claim, for this episode.
   const harborSpec = task.harbor && { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) };
-  const sessionSpec = { image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount], ...(harborSpec && { harbor: harborSpec }) };
-  const poolSpec: PoolSpec = { ...sessionSpec, ...(harborSpec && { rootSetup: HARBOR_LOGS_SETUP }) };
+  const poolSpec: PoolSpec = {
+    image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount],
+    ...(harborSpec && { harbor: harborSpec, filesBeforeStart: await harborLogsTar() }),
+  };
   // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
   const pool = deps.pool;
+  // A miss fills the kind once this set-up is done with the engine too: a warm sandbox made beside this
+  // episode's own create and start slowed them (a fresh image's first episode by about 0.5 s here).
+  let endSetUp = () => {};
+  const setUpDone = new Promise<void>((resolve) => (endSetUp = resolve));
   const claimed = pool?.enabled
-    ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal), (late) => {
+    ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal, setUpDone), (late) => {
       if (late === undefined) return;
       late.refill();
       void removeEnvironment(deps.docker, late.session.containerId, deps.callTimeoutMs).catch(() => undefined);
@@ -85,7 +91,7 @@ export async function setUp(
     }
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
-      { ...sessionSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [] },
+      { ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [] },
       // Registered as soon as the container exists, so close removes it even if set-up goes no further.
       (id) => lease.registerContainer(id),
       signal,
@@ -94,7 +100,7 @@ export async function setUp(
     if (claimed === undefined) lease.attach(session);
     const { imageId } = session;
     made.imageId = imageId;
-    if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline, { logsMade: claimed !== undefined });
+    if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline);
     else {
       const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
       await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
@@ -102,6 +108,7 @@ export async function setUp(
     return { archive, runtime, session, proxy, imageId, image, task };
   } finally {
     claimed?.refill();
+    endSetUp();
   }
 }
 
@@ -110,14 +117,7 @@ export async function setUp(
  * /logs/artifacts writable by the agent's user, environment/'s files in the workdir when the task
  * has only a docker_image, and its healthcheck passed.
  */
-async function prepareHarborSandbox(
-  task: TaskSpec, harbor: HarborRun, archive: TaskArchive, session: SandboxSession, deadline: Deadline, opts: { logsMade: boolean },
-): Promise<void> {
-  // A warm sandbox's /logs were made by the pool, before the claim.
-  if (!opts.logsMade) {
-    const logs = await deadline.run('making /logs', (signal) => session.exec(HARBOR_LOGS_SETUP, { timeoutMs: deadline.remainingMs, capBytes: 4096, user: '0', workdir: '/', signal }));
-    if (logs.exitCode !== 0) throw new FleetError('docker_error', `making /logs in the sandbox failed (exit ${logs.exitCode}): ${logs.stderr.text.slice(0, 300)}`);
-  }
+async function prepareHarborSandbox(task: TaskSpec, harbor: HarborRun, archive: TaskArchive, session: SandboxSession, deadline: Deadline): Promise<void> {
   if (harbor.uploadEnvironment && archive.has('environment')) {
     const files = await archive.partAsTar('environment', task.workdir, ROOT);
     await deadline.run('copying environment/ into the workdir', (signal) => session.putArchive(files, '/', signal));

@@ -2,7 +2,7 @@
 // (network none, no capabilities, the task's limits), labelled as this worker's pooled sandboxes, so
 // an episode's set-up claims a running one instead of waiting for create and start. Kept per kind (image,
 // workdir, limits, the runtime generation mounted, and for a Harbor task's built or docker_image image
-// its ENTRYPOINT's keep-alive, environment, user and the root command run once started, /logs made):
+// its ENTRYPOINT's keep-alive, environment, exec user and the files written before the start, /logs):
 // a claim takes one of its kind, or none (the
 // caller creates its own, as without a pool), and the kind is refilled in the background (after a
 // claim, once the claimer's set-up is done with the engine: the refill's create and start would slow
@@ -15,7 +15,7 @@
 // fixed at creation, name no episode), so the reaper can salvage and remove it like any other. A
 // runtime generation change drops the kinds that mount the old one; kinds unclaimed for `idleMs` and
 // the least recently claimed beyond `maxKinds` are dropped too; drain() removes everything.
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
 import type Docker from 'dockerode';
@@ -27,13 +27,7 @@ import type { SandboxOwner } from './labels.ts';
 import { SandboxSession, removeContainer, type SessionSpec } from './sandbox-session.ts';
 
 /** What a pooled sandbox is made for; a claim matches all of it. */
-export type PoolSpec = Pick<SessionSpec, 'image' | 'workdir' | 'limits' | 'mounts' | 'harbor'> & {
-  /**
-   * Run once as root in / right after the start, before any claim (a Harbor sandbox's /logs folders);
-   * a non-zero exit discards the sandbox. The claimer does not run it again.
-   */
-  rootSetup?: string;
-};
+export type PoolSpec = Pick<SessionSpec, 'image' | 'workdir' | 'limits' | 'mounts' | 'harbor' | 'filesBeforeStart'>;
 
 export interface PoolOptions {
   docker: Docker;
@@ -92,7 +86,8 @@ export function poolKey(spec: PoolSpec): string {
   const harborPart = harbor === undefined
     ? null
     : [[...harbor.keepAlive], Object.entries(harbor.env).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)), harbor.user ?? null];
-  return JSON.stringify([spec.image, spec.workdir, memoryMb, cpus, pids, diskMb ?? null, (spec.mounts ?? []).map((m) => [m.volumeName, m.target]), harborPart, spec.rootSetup ?? null]);
+  const files = spec.filesBeforeStart === undefined ? null : createHash('sha256').update(spec.filesBeforeStart).digest('hex');
+  return JSON.stringify([spec.image, spec.workdir, memoryMb, cpus, pids, diskMb ?? null, (spec.mounts ?? []).map((m) => [m.volumeName, m.target]), harborPart, files]);
 }
 
 const mountsOf = (spec: PoolSpec) => JSON.stringify((spec.mounts ?? []).map((m) => [m.volumeName, m.target]));
@@ -131,9 +126,10 @@ export class SandboxPool {
 
   /**
    * A warm sandbox of `spec`'s kind, now `owner`'s, or undefined when none is ready (the caller creates
-   * its own). The kind is refilled in the background either way.
+   * its own). The kind is refilled in the background either way: on a miss at once, or once
+   * `missRefillAfter` settles (the claimer's set-up is done with the engine).
    */
-  async claim(spec: PoolSpec, owner: SandboxOwner, signal: AbortSignal): Promise<Claimed | undefined> {
+  async claim(spec: PoolSpec, owner: SandboxOwner, signal: AbortSignal, missRefillAfter?: Promise<unknown>): Promise<Claimed | undefined> {
     if (!this.enabled) return undefined;
     // One runtime generation at a time: sandboxes mounting another are of no use any more.
     for (const kind of this.kinds.values()) if (mountsOf(kind.spec) !== mountsOf(spec)) this.drop(kind, 'runtime generation changed');
@@ -150,9 +146,11 @@ export class SandboxPool {
     }
     kind.lastClaimed = Date.now();
     const warm = kind.ready.shift();
-    // A miss refills now (the episode creates its own meanwhile); a hit, when the claimer says.
+    // A miss refills now or once the claimer's set-up is done (it creates its own meanwhile); a hit, when the claimer says.
     if (warm === undefined) {
-      this.fill(kind);
+      const missed = kind;
+      if (missRefillAfter === undefined) this.fill(missed);
+      else void missRefillAfter.finally(() => this.fill(missed)).catch(() => undefined);
       return undefined;
     }
     let refilled = false;
@@ -196,9 +194,8 @@ export class SandboxPool {
     }
   }
 
-  private async create(poolSpec: PoolSpec): Promise<Warm> {
+  private async create(spec: PoolSpec): Promise<Warm> {
     const { opts } = this;
-    const { rootSetup, ...spec } = poolSpec;
     const folder = path.join(opts.runDir, `pool-${randomBytes(8).toString('hex')}`);
     await mkdir(folder, { recursive: true, mode: 0o755 });
     let containerId: string | undefined;
@@ -209,17 +206,6 @@ export class SandboxPool {
         (id) => (containerId = id),
         AbortSignal.timeout(opts.callTimeoutMs * 3),
       );
-      if (rootSetup !== undefined) {
-        const run = await session.exec(rootSetup, { timeoutMs: opts.callTimeoutMs, capBytes: 4096, user: '0', workdir: '/', signal: AbortSignal.timeout(opts.callTimeoutMs * 2) })
-          .catch((err: unknown) => {
-            session.stopWatching();
-            throw err;
-          });
-        if (run.exitCode !== 0) {
-          session.stopWatching();
-          throw new Error(`the pool's set-up command in a sandbox of ${spec.image} exited ${run.exitCode}`);
-        }
-      }
       return { session, folder };
     } catch (err) {
       if (containerId !== undefined) await removeContainer(opts.docker, containerId, opts.callTimeoutMs).catch(() => undefined);

@@ -1,5 +1,5 @@
 // A warm sandbox is claimed only by a spec identical in everything that shapes its container or its
-// session: a Harbor sandbox (ENTRYPOINT's keep-alive, environment, exec user, /logs made) never serves
+// session: a Harbor sandbox (ENTRYPOINT's keep-alive, environment, exec user, files written before its start) never serves
 // a fleet task of the same image, nor a Harbor task whose environment or user differs.
 import { describe, expect, it } from 'vitest';
 import { poolKey, type PoolSpec } from '../../src/sandbox/sandbox-pool.ts';
@@ -11,7 +11,7 @@ const base: PoolSpec = {
 const harbor: PoolSpec = {
   ...base,
   harbor: { env: { A: '1', B: '2' }, user: 'builder', keepAlive: ['/opt/rollout-fleet/bin/node', '-e', 'x'] },
-  rootSetup: 'mkdir -p /logs',
+  filesBeforeStart: Buffer.from('a tar'),
 };
 
 describe('poolKey', () => {
@@ -23,7 +23,8 @@ describe('poolKey', () => {
       { ...harbor, harbor: { ...harbor.harbor!, user: undefined } },
       { ...harbor, harbor: { ...harbor.harbor!, user: 'root' } },
       { ...harbor, harbor: { ...harbor.harbor!, keepAlive: ['/opt/other/bin/node', '-e', 'x'] } },
-      { ...harbor, rootSetup: 'true' },
+      { ...harbor, filesBeforeStart: Buffer.from('another tar') },
+      { ...harbor, filesBeforeStart: undefined },
       { ...harbor, image: 'rollout-fleet/env:def' },
       { ...harbor, workdir: '/' },
       { ...harbor, limits: { ...harbor.limits, diskMb: 2048 } },
