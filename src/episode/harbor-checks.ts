@@ -1,7 +1,8 @@
 // The steps a Harbor task adds to an episode, in its sandbox: the /logs folders Harbor's tasks write
-// to, the task's healthcheck before the agent, and /logs/verifier emptied right before the tests (so
-// a reward file the agent planted never counts). Each step is one exec, run as root where it must be
-// (the agent's user may not own /logs), bounded by its own timeout.
+// to (a tar written before the sandbox starts), the task's healthcheck before the agent, and
+// /logs/verifier emptied right before the tests (so a reward file the agent planted never counts).
+// The others are one exec each, run as root where it must be (the agent's user may not own /logs),
+// bounded by its own timeout.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { tarBuffer } from '../archive/tar-buffer.ts';
 import { FleetError } from '../errors/fleet-error.ts';

@@ -13,7 +13,7 @@ import { MODEL_CALLS_FILE, modelSocketPath, startModelProxy, type ModelProxy } f
 import { removeEnvironment } from '../sandbox/environment-lease.ts';
 import { SANDBOX_USER, SandboxSession } from '../sandbox/sandbox-session.ts';
 import { harborKeepAlive } from '../sandbox/container-spec.ts';
-import type { PoolSpec } from '../sandbox/sandbox-pool.ts';
+import type { Claimed, PoolSpec } from '../sandbox/sandbox-pool.ts';
 import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
@@ -63,18 +63,19 @@ export async function setUp(
   // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
   const pool = deps.pool;
   // A miss fills the kind once this set-up is done with the engine too: a warm sandbox made beside this
-  // episode's own create and start slowed them (a fresh image's first episode by about 0.5 s here).
+  // episode's own create and start slowed them (406 and 437 ms for a fresh image's first, load 16).
   let endSetUp = () => {};
   const setUpDone = new Promise<void>((resolve) => (endSetUp = resolve));
-  const claimed = pool?.enabled
-    ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal, setUpDone), (late) => {
-      if (late === undefined) return;
-      late.refill();
-      void removeEnvironment(deps.docker, late.session.containerId, deps.callTimeoutMs).catch(() => undefined);
-    })
-    : undefined;
+  let claimed: Claimed | undefined;
   // The pool refills once this set-up is done with the engine (or failed).
   try {
+    claimed = pool?.enabled
+      ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal, setUpDone), (late) => {
+        if (late === undefined) return;
+        late.refill();
+        void removeEnvironment(deps.docker, late.session.containerId, deps.callTimeoutMs).catch(() => undefined);
+      })
+      : undefined;
     if (claimed !== undefined) lease.attach(claimed.session, { folder: claimed.folder });
     let proxy: ModelProxy | undefined;
     if (agentUsesModel(job.agent, deps.model !== undefined)) {
