@@ -1,16 +1,28 @@
 // The steps a Harbor task adds to an episode, in its sandbox: the /logs folders Harbor's tasks write
-// to, the task's healthcheck before the agent, and /logs/verifier emptied right before the tests (so
-// a reward file the agent planted never counts). Each step is one exec, run as root where it must be
-// (the agent's user may not own /logs), bounded by its own timeout.
+// to (a tar written before the sandbox starts), the task's healthcheck before the agent, and
+// /logs/verifier emptied right before the tests (so a reward file the agent planted never counts).
+// The others are one exec each, run as root where it must be (the agent's user may not own /logs),
+// bounded by its own timeout.
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Deadline } from '../deadlines/deadline.ts';
+import { tarBuffer } from '../archive/tar-buffer.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { shellQuote } from '../files/shell-quote.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { HarborRun } from '../tasks/task-spec.ts';
 
-/** /logs/{agent,verifier,artifacts}, writable by whoever the agent runs as (Harbor bind-mounts them from its host). */
-export const HARBOR_LOGS_SETUP = 'mkdir -p /logs/agent /logs/verifier /logs/artifacts && chmod 777 /logs /logs/agent /logs/verifier /logs/artifacts';
+/**
+ * /logs/{agent,verifier,artifacts}, writable by whoever the agent runs as (Harbor bind-mounts them from
+ * its host): a tar of the four folders, root's, mode 777, written into the sandbox before it starts.
+ * Folders the image already has keep their files and get this owner and mode.
+ */
+export const harborLogsTar: () => Promise<Buffer> = (() => {
+  let made: Promise<Buffer> | undefined;
+  const dir = (name: string) => ({ name, type: 'directory' as const, mode: 0o777, uid: 0, gid: 0, mtime: new Date(0) });
+  return () => (made ??= tarBuffer((pack) => {
+    for (const name of ['logs', 'logs/agent', 'logs/verifier', 'logs/artifacts']) pack.entry(dir(name));
+  }));
+})();
 
 /**
  * /logs/verifier emptied and made again, as root, after the agent's processes are gone: whatever the

@@ -20,11 +20,11 @@ import { dockerStatusOf } from '../sandbox/docker-client.ts';
 import { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
-import { HARBOR_LOGS_SETUP, HARBOR_VERIFIER_RESET, execAsRoot } from './harbor-checks.ts';
+import { HARBOR_VERIFIER_RESET, execAsRoot, harborLogsTar } from './harbor-checks.ts';
 import { readSandboxReward, type Reward } from './reward-file.ts';
 import { runVerifier } from './run-verifier.ts';
 
-export type SeparateVerifyDeps = Pick<EpisodeDeps, 'docker' | 'callTimeoutMs' | 'log' | 'prefix' | 'workerId' | 'outputCapBytes' | 'snapshotLimits'>;
+export type SeparateVerifyDeps = Pick<EpisodeDeps, 'docker' | 'callTimeoutMs' | 'log' | 'prefix' | 'workerId' | 'outputCapBytes' | 'snapshotLimits' | 'sandboxRuntime'>;
 
 const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
@@ -95,6 +95,7 @@ export async function verifySeparately(
   let verifier: SandboxSession | undefined;
   try {
     const workdir = separate.workdir ?? (image.config.workdir.startsWith('/') ? image.config.workdir : '/');
+    const logsTar = await harborLogsTar();
     verifier = await deadline.run('creating the verifier\'s container', (signal) => SandboxSession.open(
       { docker: deps.docker, log: deps.log, callTimeoutMs: deps.callTimeoutMs },
       {
@@ -102,6 +103,8 @@ export async function verifySeparately(
         limits: { ...task.limits, ...separate.limits },
         mounts: [made.runtime!.mount],
         harbor: { env: separate.env, user: harbor.verifierUser, keepAlive: harborKeepAlive(made.runtime!.mountPath) },
+        filesBeforeStart: logsTar,
+        runtime: deps.sandboxRuntime,
       },
       (id) => (verifierId = id),
       signal,
@@ -110,7 +113,8 @@ export async function verifySeparately(
       void removeEnvironment(deps.docker, late.containerId, deps.callTimeoutMs).catch(() => undefined);
     });
     const v = verifier;
-    await asRootIn(v, 'making /logs in the verifier\'s container', `${HARBOR_LOGS_SETUP} && ${HARBOR_VERIFIER_RESET}`);
+    // /logs came with the container (written before its start); a /logs/verifier its image held goes.
+    await asRootIn(v, 'emptying /logs/verifier in the verifier\'s container', HARBOR_VERIFIER_RESET);
     for (const { dir, tar } of carried) {
       await asRootIn(v, `making ${dir} in the verifier's container`, `mkdir -p ${shellQuote(dir)}`);
       await deadline.run(`restoring the artifacts into ${dir}`, (signal) => v.putArchive(tar, dir, signal));

@@ -13,12 +13,13 @@ import { MODEL_CALLS_FILE, modelSocketPath, startModelProxy, type ModelProxy } f
 import { removeEnvironment } from '../sandbox/environment-lease.ts';
 import { SANDBOX_USER, SandboxSession } from '../sandbox/sandbox-session.ts';
 import { harborKeepAlive } from '../sandbox/container-spec.ts';
+import type { Claimed, PoolSpec } from '../sandbox/sandbox-pool.ts';
 import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import { effectiveWorkdir, resolveTaskImage, resolveVerifierImage } from '../environments/task-environment.ts';
-import { HARBOR_LOGS_SETUP, runHealthcheck } from './harbor-checks.ts';
+import { harborLogsTar, runHealthcheck } from './harbor-checks.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 
 /** What set-up uses of the worker's clients and stores. */
@@ -38,14 +39,14 @@ export async function setUp(
   const made = trail.setUp;
   const archive = await deadline.run('fetching the task archive from Redis', () => getTaskArchive(deps.redis, deps.prefix, job.taskDigest));
   made.archive = archive;
-  const runtime = await deadline.run('preparing the runtime generation', (signal) => deps.prepareRuntime(signal));
-  made.runtime = runtime;
-  // A Harbor task's image: its docker_image when the engine has it, else its environment/ built here
-  // (once per engine and content; the episode says it waits for the build meanwhile).
-  const image = await deadline.run('preparing the environment image', (signal) => resolveTaskImage(deps, job.task, archive, {
-    signal,
-    onBuildWait: () => attempt.onPhase?.('build'),
-  }));
+  // The runtime generation, and beside it a Harbor task's image: its docker_image when the engine has
+  // it, else its environment/ built here (once per engine and content; the episode says it waits for
+  // the build meanwhile). Side by side: a worker's first preparation (hashing the runtime, a probe
+  // container) no longer adds to a fresh environment's build.
+  const [runtime, image] = await deadline.run('preparing the runtime generation and the environment image', (signal) => Promise.all([
+    deps.prepareRuntime(signal).then((r) => (made.runtime = r)),
+    resolveTaskImage(deps, job.task, archive, { signal, onBuildWait: () => attempt.onPhase?.('build') }),
+  ]));
   // A separate verifier's image (Harbor's separate mode) is ready before the agent starts, so a build never eats the verification reserve.
   const verifierImage = await deadline.run('preparing the verifier image', (signal) => resolveVerifierImage(deps, job.task, archive, image, {
     signal,
@@ -57,19 +58,30 @@ export async function setUp(
   const task: TaskSpec = { ...job.task, image: image.image, workdir: effectiveWorkdir(job.task, image) };
   made.task = task;
   const owner = { fleet: deps.prefix, episodeId: job.episodeId, batchId: job.batchId, workerId: deps.workerId, attempt: attempt.attempt };
-  const poolSpec = { image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount] };
+  // The sandbox as this episode creates it; a warm one of the pool matches all of it. A Harbor task's
+  // keeps its image's ENTRYPOINT and USER, with its environment, and /logs written before its start;
+  // its environment upload and healthcheck run here, after any claim, for this episode.
+  const harborSpec = task.harbor && { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) };
+  const poolSpec: PoolSpec = {
+    image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount],
+    ...(harborSpec && { harbor: harborSpec, filesBeforeStart: await harborLogsTar() }),
+  };
   // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
-  // (Not for a Harbor task: its sandbox keeps its image's ENTRYPOINT and user, which pooled ones do not.)
   const pool = deps.pool;
-  const claimed = pool?.enabled && task.harbor === undefined
-    ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal), (late) => {
-      if (late === undefined) return;
-      late.refill();
-      void removeEnvironment(deps.docker, late.session.containerId, deps.callTimeoutMs).catch(() => undefined);
-    })
-    : undefined;
+  // A miss fills the kind once this set-up is done with the engine too: a warm sandbox made beside this
+  // episode's own create and start slowed them (406 and 437 ms for a fresh image's first, load 16).
+  let endSetUp = () => {};
+  const setUpDone = new Promise<void>((resolve) => (endSetUp = resolve));
+  let claimed: Claimed | undefined;
   // The pool refills once this set-up is done with the engine (or failed).
   try {
+    claimed = pool?.enabled
+      ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal, setUpDone), (late) => {
+        if (late === undefined) return;
+        late.refill();
+        void removeEnvironment(deps.docker, late.session.containerId, deps.callTimeoutMs).catch(() => undefined);
+      })
+      : undefined;
     if (claimed !== undefined) lease.attach(claimed.session, { folder: claimed.folder });
     let proxy: ModelProxy | undefined;
     if (agentUsesModel(job.agent, deps.model !== undefined)) {
@@ -86,10 +98,7 @@ export async function setUp(
     }
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
-      {
-        ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [], runtime: deps.sandboxRuntime,
-        ...(task.harbor && { harbor: { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) } }),
-      },
+      { ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [], runtime: deps.sandboxRuntime },
       // Registered as soon as the container exists, so close removes it even if set-up goes no further.
       (id) => lease.registerContainer(id),
       signal,
@@ -106,6 +115,7 @@ export async function setUp(
     return { archive, runtime, session, proxy, imageId, image, verifierImage, task };
   } finally {
     claimed?.refill();
+    endSetUp();
   }
 }
 
@@ -115,8 +125,6 @@ export async function setUp(
  * has only a docker_image, and its healthcheck passed.
  */
 async function prepareHarborSandbox(task: TaskSpec, harbor: HarborRun, archive: TaskArchive, session: SandboxSession, deadline: Deadline): Promise<void> {
-  const logs = await deadline.run('making /logs', (signal) => session.exec(HARBOR_LOGS_SETUP, { timeoutMs: deadline.remainingMs, capBytes: 4096, user: '0', workdir: '/', signal }));
-  if (logs.exitCode !== 0) throw new FleetError('docker_error', `making /logs in the sandbox failed (exit ${logs.exitCode}): ${logs.stderr.text.slice(0, 300)}`);
   if (harbor.uploadEnvironment && archive.has('environment')) {
     const files = await archive.partAsTar('environment', task.workdir, ROOT);
     await deadline.run('copying environment/ into the workdir', (signal) => session.putArchive(files, '/', signal));

@@ -22,7 +22,7 @@ import { runVerifier } from './run-verifier.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } from './episode-attempt.ts';
 
 /** What verification uses of the worker's clients and stores. */
-export type VerifyDeps = Pick<EpisodeDeps, 'evidence' | 'snapshotLimits' | 'log' | 'outputCapBytes' | 'docker' | 'callTimeoutMs' | 'prefix' | 'workerId'>;
+export type VerifyDeps = Pick<EpisodeDeps, 'evidence' | 'snapshotLimits' | 'log' | 'outputCapBytes' | 'docker' | 'callTimeoutMs' | 'prefix' | 'workerId' | 'sandboxRuntime'>;
 
 /** Where the hidden tests are copied for verification, after the agent stopped. */
 export const TESTS_DIR = '/tests';

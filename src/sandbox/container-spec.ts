@@ -30,6 +30,11 @@ export interface SessionSpec {
   /** Host folders bind-mounted read-only at the same path (the model proxy's socket folder). @default [] */
   bindFolders?: string[];
   /**
+   * A tar written at / into the created container before it starts (a Harbor sandbox's /logs folders),
+   * so its ENTRYPOINT already finds them: one engine call, where an exec costs three and a process.
+   */
+  filesBeforeStart?: Buffer;
+  /**
    * A Harbor task's sandbox: the image's ENTRYPOINT and USER kept, the keep-alive its command, the
    * task's environment in the container's, and Docker's default capabilities minus those no task needs
    * (tasks expect a root shell). Every exec runs `bash -c`, as `user` (unset: the image's USER).

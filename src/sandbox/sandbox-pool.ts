@@ -1,7 +1,9 @@
 // The warm sandbox pool of one worker: containers created and started ahead, hardened as any sandbox
 // (network none, no capabilities, the task's limits), labelled as this worker's pooled sandboxes, so
 // an episode's set-up claims a running one instead of waiting for create and start. Kept per kind (image,
-// workdir, limits and the runtime generation mounted): a claim takes one of its kind, or none (the
+// workdir, limits, the runtime generation mounted, and for a Harbor task's built or docker_image image
+// its ENTRYPOINT's keep-alive, environment, exec user and the files written before the start, /logs):
+// a claim takes one of its kind, or none (the
 // caller creates its own, as without a pool), and the kind is refilled in the background (after a
 // claim, once the claimer's set-up is done with the engine: the refill's create and start would slow
 // its workspace copy by a third here). A claimed
@@ -13,7 +15,7 @@
 // fixed at creation, name no episode), so the reaper can salvage and remove it like any other. A
 // runtime generation change drops the kinds that mount the old one; kinds unclaimed for `idleMs` and
 // the least recently claimed beyond `maxKinds` are dropped too; drain() removes everything.
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
 import type Docker from 'dockerode';
@@ -26,7 +28,7 @@ import { SandboxSession, removeContainer, type SessionSpec } from './sandbox-ses
 import type { SandboxRuntime } from './sandbox-runtime.ts';
 
 /** What a pooled sandbox is made for; a claim matches all of it. */
-export type PoolSpec = Pick<SessionSpec, 'image' | 'workdir' | 'limits' | 'mounts'>;
+export type PoolSpec = Pick<SessionSpec, 'image' | 'workdir' | 'limits' | 'mounts' | 'harbor' | 'filesBeforeStart'>;
 
 export interface PoolOptions {
   docker: Docker;
@@ -81,7 +83,14 @@ const RETRY_AFTER_FAILURE_MS = 5_000;
 /** The identity of a kind: everything the container was created with that an episode depends on. */
 export function poolKey(spec: PoolSpec): string {
   const { memoryMb, cpus, pids, diskMb } = spec.limits;
-  return JSON.stringify([spec.image, spec.workdir, memoryMb, cpus, pids, diskMb ?? null, (spec.mounts ?? []).map((m) => [m.volumeName, m.target])]);
+  const { harbor } = spec;
+  // A Harbor sandbox's process, environment and exec user are part of it: its ENTRYPOINT sees the env,
+  // and the adopted session runs every command as the user it was created for.
+  const harborPart = harbor === undefined
+    ? null
+    : [[...harbor.keepAlive], Object.entries(harbor.env).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)), harbor.user ?? null];
+  const files = spec.filesBeforeStart === undefined ? null : createHash('sha256').update(spec.filesBeforeStart).digest('hex');
+  return JSON.stringify([spec.image, spec.workdir, memoryMb, cpus, pids, diskMb ?? null, (spec.mounts ?? []).map((m) => [m.volumeName, m.target]), harborPart, files]);
 }
 
 const mountsOf = (spec: PoolSpec) => JSON.stringify((spec.mounts ?? []).map((m) => [m.volumeName, m.target]));
@@ -120,9 +129,10 @@ export class SandboxPool {
 
   /**
    * A warm sandbox of `spec`'s kind, now `owner`'s, or undefined when none is ready (the caller creates
-   * its own). The kind is refilled in the background either way.
+   * its own). The kind is refilled in the background either way: on a miss at once, or once
+   * `missRefillAfter` settles (the claimer's set-up is done with the engine).
    */
-  async claim(spec: PoolSpec, owner: SandboxOwner, signal: AbortSignal): Promise<Claimed | undefined> {
+  async claim(spec: PoolSpec, owner: SandboxOwner, signal: AbortSignal, missRefillAfter?: Promise<unknown>): Promise<Claimed | undefined> {
     if (!this.enabled) return undefined;
     // One runtime generation at a time: sandboxes mounting another are of no use any more.
     for (const kind of this.kinds.values()) if (mountsOf(kind.spec) !== mountsOf(spec)) this.drop(kind, 'runtime generation changed');
@@ -139,9 +149,11 @@ export class SandboxPool {
     }
     kind.lastClaimed = Date.now();
     const warm = kind.ready.shift();
-    // A miss refills now (the episode creates its own meanwhile); a hit, when the claimer says.
+    // A miss refills now or once the claimer's set-up is done (it creates its own meanwhile); a hit, when the claimer says.
     if (warm === undefined) {
-      this.fill(kind);
+      const missed = kind;
+      if (missRefillAfter === undefined) this.fill(missed);
+      else void missRefillAfter.finally(() => this.fill(missed)).catch(() => undefined);
       return undefined;
     }
     let refilled = false;

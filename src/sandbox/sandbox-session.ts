@@ -89,6 +89,10 @@ export class SandboxSession {
       return create(undefined);
     });
     onCreated(container.id);
+    if (spec.filesBeforeStart !== undefined) {
+      const files = spec.filesBeforeStart;
+      await dockerCall('put archive', call, (abortSignal) => container.putArchive(files, { path: '/', abortSignal }));
+    }
     // From before the start: an OOM kill of any process in the sandbox is reported, not only of its init.
     const oom = await watchOomEvents(docker, container.id, call).catch((err: unknown) => {
       deps.log.warn({ containerId: container.id, err: String(err) }, 'not watching OOM events; only an OOM kill of init will be seen');

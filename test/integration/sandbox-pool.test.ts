@@ -2,7 +2,8 @@
 // (hardened as any, used once, never returned), an llm episode's proxy socket lives in the claimed
 // sandbox's own folder, the claim is in Redis for the reaper; kill -9 of a worker with a full pool
 // leaves nothing once the reaper ran; a drain removes the pool; a runtime generation change drops
-// the sandboxes that mount the old one.
+// the sandboxes that mount the old one; a Harbor task's episodes claim warm sandboxes of its built
+// image, made as its own would be (ENTRYPOINT and USER kept, the keep-alive its argument, /logs made).
 import { readFile, readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -10,10 +11,18 @@ import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { sandboxClaimKey } from '../../src/redis/redis-keys.ts';
 import { SandboxPool } from '../../src/sandbox/sandbox-pool.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
-import { docker, enqueueFile, fleetContainers, sandboxHasFile, silentLog, spawnWorker, startEnvWorker, startFleetEnv, waitFor, waitForResults, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
+import { ROOT, docker, enqueueFile, fleetContainers, sandboxHasFile, silentLog, spawnWorker, startEnvWorker, startFleetEnv, waitFor, waitForResults, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
 import { startModelStub } from '../../src/model/model-stub.ts';
 import { EXAMPLE_TASKS } from '../helpers/model.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
+
+/** The permission bits of the first entry of a tar stream (the folder itself, for a folder). */
+async function tarModeOf(stream: NodeJS.ReadableStream): Promise<number> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of stream) chunks.push(chunk as Buffer);
+  const header = Buffer.concat(chunks).subarray(0, 512);
+  return parseInt(header.subarray(100, 108).toString('ascii').replace(/\0.*$/, '').trim(), 8) & 0o777;
+}
 
 const task = (id: string) => ({
   yaml: `id: ${id}\ninstruction: write fixed into state.txt\nverify:\n  command: grep -qx fixed state.txt\n  timeoutSec: 10\ndeadlineSec: 120\nreserves: { setupSec: 30, closeSec: 20 }\n`,
@@ -126,6 +135,53 @@ describe('warm sandbox pool', () => {
     const [result] = await waitForResults(env, slow.batchId, 1, 90_000);
     expect(result).toMatchObject({ status: 'passed', attempts: 2, workerId: 'pool-rescuer' });
   }, 240_000);
+
+  it('runs a Harbor task\'s episodes in warm sandboxes of its built image, made as its own: ENTRYPOINT and USER kept, /logs made', async () => {
+    // This worker alone takes the episodes: the workers an earlier test spawned are stopped first.
+    await Promise.all(processes.splice(0).map((w) => w.stop()));
+    const worker = await startEnvWorker(env, 'pool-harbor', { concurrency: 1, sandboxPool: 1 });
+    try {
+      // healthy-server: an ENTRYPOINT that starts the task's server, and a healthcheck waiting for it.
+      const task = path.join(ROOT, 'test/fixtures/harbor/healthy-server');
+      const batch = async (name: string, samples: number) => {
+        const plan = await enqueueFile(env, await writeBatch(`name: ${name}\ntasks: [${JSON.stringify(task)}]\nsamples: ${samples}\nagent: { kind: oracle }\n`, {}));
+        const results = await waitForResults(env, plan.batchId, samples, 300_000);
+        for (const r of results) expect(r, JSON.stringify(r)).toMatchObject({ status: 'passed', reward: 1, provenance: { environment: { source: 'built' } } });
+        return results;
+      };
+      // The first episode builds the image (or finds it built) and finds no warm sandbox of it: the
+      // pool learns the kind from that claim and makes one.
+      const [first] = await batch('pool-harbor-first', 1);
+      expect(first).toMatchObject({ workerId: 'pool-harbor', sandbox: { pooled: false } });
+      const [warm] = await waitFor('a warm Harbor sandbox', async () => {
+        const list = (await pooled('pool-harbor')).filter((c) => c.State === 'running');
+        return list.length === 1 ? list : undefined;
+      }, 60_000, 200);
+      // Made as the episode's own would be: the image's ENTRYPOINT and USER kept, the keep-alive its argument.
+      const info = await docker.getContainer(warm!.Id).inspect();
+      expect(info.Image).toBe(first!.provenance.imageId);
+      expect(info.Config.Entrypoint).toEqual(['/usr/local/bin/entrypoint.sh']);
+      expect(info.Config.Cmd?.[0]).toMatch(/\/bin\/node$/);
+      expect(info.Config.User).toBe('');
+      expect(info.HostConfig.NetworkMode).toBe('none');
+      expect(info.HostConfig.CapDrop).toEqual(['ALL']);
+      expect(info.HostConfig.CapAdd).toContain('CHOWN');
+      expect(info.Config.Labels[LABEL.episode]).toBeUndefined();
+      // /logs made before any claim, writable by whoever the agent runs as (a ready one has them).
+      for (const dir of ['/logs/agent', '/logs/verifier', '/logs/artifacts']) {
+        const mode = await tarModeOf(await docker.getContainer(warm!.Id).getArchive({ path: dir }) as unknown as NodeJS.ReadableStream);
+        expect(mode.toString(8), dir).toBe('777');
+      }
+      // The next episode claims that very sandbox, and passes in it (its healthcheck still run, after the claim).
+      const results = await batch('pool-harbor-next', 2);
+      const claimed = results.filter((r) => r.sandbox?.pooled);
+      expect(claimed.map((r) => r.sandbox!.containerId), JSON.stringify(results.map((r) => r.sandbox))).toContain(warm!.Id);
+      expect(new Set([first!, ...results].map((r) => r.sandbox!.containerId)).size).toBe(3);
+    } finally {
+      await worker.close();
+    }
+    expect(await pooled('pool-harbor')).toEqual([]);
+  }, 360_000);
 
   it('drops the warm sandboxes of a runtime generation no longer used', async () => {
     const pool = new SandboxPool({ docker, log: silentLog, callTimeoutMs: 30_000, redis: env.client, prefix: env.prefix, workerId: 'pool-gen', size: 1, runDir: path.join(env.dataDir, 'run') });
