@@ -3,6 +3,7 @@
 // pids limits, an init the sandbox user cannot signal, mounts read-only.
 import { randomBytes } from 'node:crypto';
 import type Docker from 'dockerode';
+import { HARBOR_CAPABILITIES } from '../tasks/task-spec.ts';
 import type { Limits } from '../tasks/task-spec.ts';
 import { pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
 
@@ -43,12 +44,8 @@ export interface SessionSpec {
   };
 }
 
-/**
- * What a root agent of a Harbor task keeps of Docker's default capabilities: owning, reading and
- * writing any file, setting ids (apt, su), signalling, binding low ports. Dropped: NET_RAW, MKNOD,
- * AUDIT_WRITE, SETFCAP, SETPCAP and SYS_CHROOT, which no task of a no-network sandbox needs.
- */
-export const HARBOR_CAPABILITIES = ['CHOWN', 'DAC_OVERRIDE', 'FOWNER', 'FSETID', 'KILL', 'SETGID', 'SETUID', 'NET_BIND_SERVICE'] as const;
+/** What a root agent of a Harbor task (and each of its task services) keeps of Docker's default capabilities (task-spec.ts). */
+export { HARBOR_CAPABILITIES } from '../tasks/task-spec.ts';
 
 /** The keep-alive of a Harbor sandbox (Harbor's is `sh -c "sleep infinity"`), run by the runtime generation's node at `mountPath`. */
 export function harborKeepAlive(runtimeMountPath: string): string[] {

@@ -3,18 +3,21 @@
 // - the agent's timeout, unset in Harbor ("no limit"), is bounded by the batch's deadline;
 // - the network a phase asks for is recorded, and what runs is capped by the operator (no-network);
 // - what the fleet cannot give is refused by name: GPUs, TPUs, Windows, MCP servers, multi-step tasks,
-//   separate verifier environments and task services (environment/docker-compose.yaml) for now;
+//   separate verifier environments for now; environment/docker-compose.yaml's services are read by
+//   harbor-compose.ts, which refuses what would reach past the episode;
 // - `${VAR}` in `[environment].env` and the other env tables is read from the enqueuing host only
 //   when the name is not a secret's nor a fleet setting's, and never on the API's behalf.
 import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { isSecretName } from '../config/secret-names.ts';
 import { printable } from '../errors/printable.ts';
+import { ComposeProblem, healthcheckBoundSec, readHarborCompose } from './harbor-compose.ts';
 import { HarborTaskToml } from './harbor-toml.ts';
 import {
   BUILTIN_DEFAULTS,
   HARBOR_TEST_COMMAND,
   MAX_INSTRUCTION_BYTES,
+  type HarborServices,
   type NetworkMode,
   type TaskDefaults,
 } from './task-spec.ts';
@@ -26,6 +29,10 @@ export interface HarborFolder {
   tomlText: string;
   instruction: string;
   has: { dockerfile: boolean; compose: boolean; testScript: boolean; testsDockerfile: boolean };
+  /** environment/docker-compose.yaml's text, when the folder has one. */
+  composeText?: string;
+  /** Whether a file exists in the folder (a "/"-separated path relative to it): sidecar Dockerfiles. */
+  exists?: (rel: string) => boolean;
 }
 
 /** Where `${VAR}` values come from: the producer's environment, or none (a request to the API). */
@@ -117,7 +124,20 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
   if (toml.verifier.environment !== undefined || toml.verifier.environment_mode === 'separate' || folder.has.testsDockerfile) {
     problems.push({ file: 'task.toml', message: 'verifier.environment: a separate verifier environment is not supported yet (tests/Dockerfile or [verifier.environment]); the verifier runs in the agent\'s container' });
   }
-  if (folder.has.compose) problems.push({ file: 'environment/', message: 'docker-compose.yaml: task services are not supported yet; give the task one container (environment/Dockerfile or docker_image)' });
+  let services: HarborServices | undefined;
+  if (folder.has.compose) {
+    try {
+      services = readHarborCompose(folder.composeText ?? '', {
+        cpus: env.cpus ?? defaults.limits?.cpus ?? BUILTIN_DEFAULTS.limits.cpus,
+        memoryMb: env.memory_mb ?? env.memory ?? defaults.limits?.memoryMb ?? BUILTIN_DEFAULTS.limits.memoryMb,
+        buildTimeoutSec: env.build_timeout_sec,
+        exists: folder.exists ?? (() => false),
+      }, host);
+    } catch (err) {
+      if (!(err instanceof ComposeProblem)) throw err;
+      problems.push({ file: 'environment/', message: `docker-compose.yaml: ${err.message}` });
+    }
+  }
   if (!folder.has.testScript) problems.push({ file: 'tests/', message: 'test.sh: missing (Harbor runs tests/test.sh, which writes /logs/verifier/reward.txt or reward.json)' });
   if (env.docker_image === undefined && !folder.has.dockerfile) {
     problems.push({ file: 'environment/', message: 'Dockerfile: missing, and task.toml sets no environment.docker_image: the task has no image' });
@@ -144,7 +164,9 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
   };
   // The healthcheck runs in set-up: its worst case (the start period, then every retry timing out) is
   // added to the set-up reserve, so a slow but healthy service is not cut short by the fleet.
-  const healthcheckSec = healthcheck ? healthcheck.startPeriodSec + healthcheck.retries * (healthcheck.intervalSec + healthcheck.timeoutSec) : 0;
+  const healthcheckSec = (healthcheck ? healthcheck.startPeriodSec + healthcheck.retries * (healthcheck.intervalSec + healthcheck.timeoutSec) : 0)
+    // The sidecars' healthchecks are waited for one after another in the worst case, and their builds are set-up time too.
+    + (services?.sidecars ?? []).reduce((n, s) => n + (s.healthcheck ? healthcheckBoundSec(s.healthcheck) : 0) + (s.image.from === 'build' ? s.image.timeoutSec : 0), 0);
   const setupSec = (defaults.reserves?.setupSec ?? BUILTIN_DEFAULTS.reserves.setupSec) + healthcheckSec;
   const verifySec = toml.verifier.timeout_sec + 10;
   const closeSec = defaults.reserves?.closeSec ?? BUILTIN_DEFAULTS.reserves.closeSec;
@@ -181,6 +203,7 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
       verifierEnv,
       solutionEnv,
       ...(healthcheck && { healthcheck }),
+      ...(services && { services }),
       network,
     },
   };

@@ -124,7 +124,7 @@ describe('broken Harbor task folders are refused, naming the file and the field'
     ['an MCP server', (d) => writeFile(path.join(d, 'task.toml'), '[[environment.mcp_servers]]\nname = "x"\ntransport = "stdio"\ncommand = "x"\n'), 'task.toml: environment.mcp_servers: MCP servers beside the agent are not supported (got 1)'],
     ['multi-step', (d) => writeFile(path.join(d, 'task.toml'), '[[steps]]\nname = "one"\n'), 'task.toml: steps: multi-step tasks are not supported yet'],
     ['a separate verifier', (d) => writeFile(path.join(d, 'tests', 'Dockerfile'), 'FROM ubuntu:24.04\n'), 'task.toml: verifier.environment: a separate verifier environment is not supported yet'],
-    ['task services', (d) => writeFile(path.join(d, 'environment', 'docker-compose.yaml'), 'services: {}\n'), 'environment/: docker-compose.yaml: task services are not supported yet'],
+    ['task services without services', (d) => writeFile(path.join(d, 'environment', 'docker-compose.yaml'), 'services: {}\n'), 'environment/: docker-compose.yaml: services: a map of services'],
     ['no image at all', (d) => rm(path.join(d, 'environment', 'Dockerfile')), 'environment/: Dockerfile: missing, and task.toml sets no environment.docker_image'],
     ['no test.sh', (d) => rm(path.join(d, 'tests', 'test.sh')), 'tests/: test.sh: missing'],
     ['a bad docker_image', (d) => writeFile(path.join(d, 'task.toml'), '[environment]\ndocker_image = "../../evil host:80/x"\n'), 'task.toml: harbor.dockerImage: not a valid image reference'],
