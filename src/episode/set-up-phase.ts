@@ -16,8 +16,11 @@ import { harborKeepAlive } from '../sandbox/container-spec.ts';
 import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
-import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
-import { effectiveWorkdir, resolveTaskImage } from '../environments/task-environment.ts';
+import type { HarborRun, HarborServices, TaskSpec } from '../tasks/task-spec.ts';
+import { effectiveWorkdir, resolveServiceImages, resolveTaskImage } from '../environments/task-environment.ts';
+import { startTaskServices, type ServiceNetwork } from '../sandbox/task-services.ts';
+import type { SandboxOwner } from '../sandbox/labels.ts';
+import type { VolumeMount } from '../sandbox/container-spec.ts';
 import { HARBOR_LOGS_SETUP, runHealthcheck } from './harbor-checks.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 
@@ -78,11 +81,16 @@ export async function setUp(
       });
       made.proxy = proxy;
     }
+    // Task services: their images, the episode's namespace, volumes and sidecars, and what main waits for.
+    const services = task.harbor?.services;
+    const serviceNetwork = services && await startServices(task, services, archive, runtime.mount, owner, deps, attempt, lease, deadline);
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
       {
         ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [],
-        ...(task.harbor && { harbor: { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) } }),
+        // [environment].env over main's environment of the compose file, as Harbor's env override.
+        ...(task.harbor && { harbor: { env: { ...services?.main.env, ...task.harbor.env }, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) } }),
+        ...(serviceNetwork && { services: serviceNetwork }),
       },
       // Registered as soon as the container exists, so close removes it even if set-up goes no further.
       (id) => lease.registerContainer(id),
@@ -117,6 +125,28 @@ async function prepareHarborSandbox(task: TaskSpec, harbor: HarborRun, archive: 
   }
   const check = harbor.healthcheck;
   if (check) await deadline.run('waiting for the healthcheck', (signal) => runHealthcheck(session, check, signal));
+}
+
+/**
+ * A Harbor task's services, started before its sandbox: images resolved (built when they are a build
+ * context), then the namespace holder (registered with the lease as soon as it exists: it ends the
+ * whole environment), the volumes and the sidecars in depends_on order, and main's dependencies.
+ */
+async function startServices(
+  task: TaskSpec, services: HarborServices, archive: TaskArchive, runtimeMount: VolumeMount, owner: SandboxOwner,
+  deps: SetUpDeps, attempt: EpisodeAttempt, lease: AttemptTrail['lease'], deadline: Deadline,
+): Promise<ServiceNetwork> {
+  const images = await deadline.run('preparing the task services\' images', (signal) => resolveServiceImages(deps, task, archive, task.image, {
+    signal,
+    onBuildWait: () => attempt.onPhase?.('build'),
+  }));
+  attempt.onPhase?.('setup');
+  return deadline.run('starting the task services', (signal) => startTaskServices(
+    { docker: deps.docker, log: deps.log, callTimeoutMs: deps.callTimeoutMs },
+    { owner, services, images, mainImage: task.image, limits: task.limits, runtime: runtimeMount },
+    (id) => lease.registerContainer(id),
+    signal,
+  ));
 }
 
 /** Where the proxy's socket goes when the sandbox is the episode's own: a short folder of the attempt. */

@@ -5,7 +5,7 @@ import { randomBytes } from 'node:crypto';
 import type Docker from 'dockerode';
 import { HARBOR_CAPABILITIES } from '../tasks/task-spec.ts';
 import type { Limits } from '../tasks/task-spec.ts';
-import { pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
+import { LABEL, pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
 
 /** A named volume mounted read-only into the sandbox (e.g. the runtime generation at /opt/rollout-fleet). */
 export interface VolumeMount {
@@ -41,6 +41,15 @@ export interface SessionSpec {
      * before grading (the image's `sleep` is the agent's to replace).
      */
     keepAlive: readonly string[];
+  };
+  /**
+   * Task services (task-services.ts): the container joins the holder's network namespace (loopback,
+   * the services by name in its /etc/hosts) and mounts main's named volumes of the compose file.
+   */
+  services?: {
+    key: string;
+    holderId: string;
+    mounts: { volumeName: string; target: string; readOnly: boolean }[];
   };
 }
 
@@ -89,10 +98,14 @@ export function hardenedCreateOptions(
     Image: imageId,
     ...process,
     WorkingDir: spec.workdir,
-    Labels: spec.pooled ? pooledLabels(owner.fleet, owner.workerId) : sandboxLabels(owner),
-    NetworkDisabled: true,
+    Labels: spec.pooled ? pooledLabels(owner.fleet, owner.workerId) : {
+      ...sandboxLabels(owner),
+      ...(spec.services && { [LABEL.environment]: spec.services.key, [LABEL.environmentRole]: 'main' }),
+    },
+    // With task services, the holder's namespace: loopback only, as network none.
+    ...(spec.services === undefined && { NetworkDisabled: true }),
     HostConfig: {
-      NetworkMode: 'none',
+      NetworkMode: spec.services ? `container:${spec.services.holderId}` : 'none',
       CapDrop: ['ALL'],
       ...(harbor && { CapAdd: [...HARBOR_CAPABILITIES] }),
       SecurityOpt: ['no-new-privileges'],
@@ -109,6 +122,7 @@ export function hardenedCreateOptions(
         })),
         // Same path inside and out: also right when the worker itself runs in a container.
         ...(spec.bindFolders ?? []).map((folder) => ({ Type: 'bind' as const, Source: folder, Target: folder, ReadOnly: true })),
+        ...(spec.services?.mounts ?? []).map((m) => ({ Type: 'volume' as const, Source: m.volumeName, Target: m.target, ReadOnly: m.readOnly })),
       ],
     },
     // dockerode's MountSettings asks for every volume option (Labels, DriverConfig); the engine takes the ones given.
