@@ -139,6 +139,23 @@ describe('Harbor task services', () => {
     expect(await leftOf('batch', plan.batchId)).toEqual({ containers: [], volumes: [] });
   });
 
+  it('a sidecar that never turns healthy, or stops, ends its episode as healthcheck_failed (never a reward), and nothing is left', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-services-sick-'));
+    const variants: Record<string, string> = {
+      'never-healthy': 'services:\n  main:\n    depends_on: { api: { condition: service_healthy } }\n  api:\n    image: python:3.12-slim\n    command: ["sleep", "infinity"]\n    healthcheck: { test: ["CMD", "false"], interval: 1s, timeout: 1s, retries: 2 }\n',
+      'stops-at-once': 'services:\n  main:\n    depends_on: { api: { condition: service_healthy } }\n  api:\n    image: python:3.12-slim\n    command: ["python3", "-c", "raise SystemExit(3)"]\n    healthcheck: { test: "true", interval: 1s, retries: 30 }\n',
+    };
+    for (const [name, compose] of Object.entries(variants)) {
+      await cp(path.join(FIXTURES, 'api-sidecar'), path.join(dir, name), { recursive: true });
+      await writeFile(path.join(dir, name, 'environment', 'docker-compose.yaml'), compose);
+    }
+    const byTask = await run(Object.keys(variants).map((v) => path.join(dir, v)), '{ kind: oracle }');
+    expect(byTask.get('never-healthy')![0]).toMatchObject({ status: 'error', reward: null, error: { kind: 'invalid', code: 'healthcheck_failed' } });
+    expect(byTask.get('never-healthy')![0]!.error?.message).toMatch(/task service api: its healthcheck did not pass within 4 s/);
+    expect(byTask.get('stops-at-once')![0]).toMatchObject({ status: 'error', reward: null, error: { kind: 'invalid', code: 'healthcheck_failed' } });
+    expect(byTask.get('stops-at-once')![0]!.error?.message).toMatch(/task service api stopped \(exit 3\)/);
+  });
+
   it('a batch with one task whose compose file asks for a host path enqueues nothing, naming the service and the key', async () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-services-bad-'));
     const bad = path.join(dir, 'bad-mount');
