@@ -3,7 +3,7 @@
 // ready. The same builds as a worker's (one per engine and content, under the fleet's Redis lock, a
 // failure remembered), so running it beside live workers builds nothing twice.
 import { parseArgs } from 'node:util';
-import { resolveTaskImage } from '../environments/task-environment.ts';
+import { resolveServiceImages, resolveTaskImage } from '../environments/task-environment.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { loadBatch } from '../tasks/load-task.ts';
 import { packTask } from '../tasks/pack-task.ts';
@@ -39,7 +39,16 @@ export async function prepareCommand(cli: Cli, args: string[]): Promise<number> 
           { signal: AbortSignal.timeout(((task.spec.harbor!.build?.timeoutSec ?? 0) + 120) * 1000), onBuildWait: () => process.stderr.write(`${line}: building...\n`) },
         );
         const how = image.source === 'docker_image' ? 'docker_image on the engine' : image.build?.built ? 'built' : 'already built';
-        process.stderr.write(`${line}: ${image.image} (${how}, ${((performance.now() - started) / 1000).toFixed(1)} s)\n`);
+        // Its task services' images too (built ones cached as the environment is; image: ones checked on the engine).
+        const services = task.spec.harbor!.services?.sidecars ?? [];
+        if (services.length > 0) {
+          await resolveServiceImages(
+            { docker, redis, prefix: config.FLEET_PREFIX, log: cli.log, callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS },
+            task.spec, archive, image.image,
+            { signal: AbortSignal.timeout((services.reduce((n, s) => n + (s.image.from === 'build' ? s.image.timeoutSec : 0), 0) + 120) * 1000) },
+          );
+        }
+        process.stderr.write(`${line}: ${image.image} (${how}${services.length > 0 ? `, and ${services.length} task service image(s)` : ''}, ${((performance.now() - started) / 1000).toFixed(1)} s)\n`);
       } catch (err) {
         if (!(err instanceof FleetError)) throw err;
         failed += 1;

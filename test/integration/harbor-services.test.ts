@@ -14,7 +14,7 @@ import type { EpisodeResult } from '../../src/episode/episode-job.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import {
-  ROOT, docker, enqueueFile, fleetContainers, spawnWorker, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults,
+  ROOT, docker, enqueueFile, fleetContainers, runCli, spawnWorker, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults,
   type FleetEnv, type WorkerProcess,
 } from '../helpers/fleet.ts';
 
@@ -154,6 +154,15 @@ describe('Harbor task services', () => {
     expect(byTask.get('never-healthy')![0]!.error?.message).toMatch(/task service api: its healthcheck did not pass within 4 s/);
     expect(byTask.get('stops-at-once')![0]).toMatchObject({ status: 'error', reward: null, error: { kind: 'invalid', code: 'healthcheck_failed' } });
     expect(byTask.get('stops-at-once')![0]!.error?.message).toMatch(/task service api stopped \(exit 3\)/);
+  });
+
+  it('prepare builds a task\'s service images ahead, as it builds its environment', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-services-prepare-'));
+    const file = path.join(dir, 'batch.yaml');
+    await writeFile(file, `tasks: [${JSON.stringify(path.join(FIXTURES, 'built-sidecar'))}]\nagent: { kind: oracle }\n`);
+    const out = await runCli(['prepare', file], env.env, 600_000);
+    expect(out.code, out.stderr).toBe(0);
+    expect(out.stderr).toMatch(/built-sidecar: rollout-fleet\/env:[0-9a-f]{24} \((built|already built), and 1 task service image\(s\)/);
   });
 
   it('a batch with one task whose compose file asks for a host path enqueues nothing, naming the service and the key', async () => {
