@@ -90,7 +90,9 @@ function fail(message: string): never {
   throw new ComposeProblem(message);
 }
 
-const show = (v: unknown) => JSON.stringify(printable(typeof v === 'string' ? v : JSON.stringify(v) ?? String(v)));
+/** A value in a message: printable, with Harbor's variables as the file wrote them. */
+const show = (v: unknown) => JSON.stringify(printable((typeof v === 'string' ? v : JSON.stringify(v) ?? String(v))
+  .replaceAll(CONTEXT_DIR, '${CONTEXT_DIR}').replaceAll(MAIN_IMAGE, '${MAIN_IMAGE_NAME}')));
 
 function isMap(v: unknown): v is Record<string, unknown> {
   return v !== null && typeof v === 'object' && !Array.isArray(v);
@@ -308,7 +310,7 @@ function buildContext(value: unknown, field: string, ctx: ComposeContext): { con
   const abs = raw.startsWith(CONTEXT_DIR) ? `/environment${raw.slice(CONTEXT_DIR.length)}` : path.posix.resolve('/environment', raw);
   const rel = path.posix.normalize(abs).replace(/^\/+/, '').replace(/\/+$/, '');
   if (!(rel === 'environment' || rel.startsWith('environment/')) || raw.startsWith('/') && !raw.startsWith(CONTEXT_DIR)) {
-    fail(`${field}.context: ${show(raw.replace(CONTEXT_DIR, '${CONTEXT_DIR}'))} is outside the task's environment/ folder (a sidecar is built from a folder of the task)`);
+    fail(`${field}.context: ${show(raw)} is outside the task's environment/ folder (a sidecar is built from a folder of the task)`);
   }
   const dockerfile = typeof spec.dockerfile === 'string' ? spec.dockerfile : 'Dockerfile';
   const dfRel = path.posix.normalize(path.posix.join(rel, dockerfile));

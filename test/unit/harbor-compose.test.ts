@@ -166,6 +166,7 @@ volumes:
     ['a secret in a volume name', withApi('volumes: ["${AWS_SECRET_ACCESS_KEY}:/x"]'), /\$\{AWS_SECRET_ACCESS_KEY\} would read a secret/],
     ['a host value passed by name', withApi('environment: [HOME]'), /services\.api\.environment\.HOME: no value/],
     ['a host value passed by a null', withApi('environment: { HOME: null }'), /services\.api\.environment\.HOME: no value/],
+    ['a bind mount of the task folder', withApi('volumes: ["${CONTEXT_DIR}/data:/data"]'), /services\.api\.volumes\.0: "\$\{CONTEXT_DIR\}\/data" is a host path/],
     ['a build context outside the task', withApi('build: { context: ../.. }'), /services\.api\.build\.context: "\.\.\/\.\." is outside the task's environment\/ folder/],
     ['a build context at a host path', withApi('build: /etc'), /services\.api\.build\.context: "\/etc" is outside/],
     ['a Dockerfile outside the context', withApi('build: { context: ./api, dockerfile: ../../../Dockerfile }'), /services\.api\.build\.dockerfile: "\.\.\/\.\.\/\.\.\/Dockerfile" is outside the build context/],
