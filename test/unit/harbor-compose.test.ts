@@ -187,6 +187,8 @@ volumes:
     ['no sidecar at all', 'services:\n  main: {}\n', /no service beside main/],
     ['not YAML', 'services: [\n', /^not valid YAML/],
     ['not a mapping', '- a\n- b\n', /not a mapping/],
+    ['an alias bomb', `a: &a ["x","x","x","x","x","x","x","x","x"]\nb: &b [${Array(9).fill('*a').join(',')}]\nc: &c [${Array(9).fill('*b').join(',')}]\nd: &d [${Array(9).fill('*c').join(',')}]\nservices: { main: {}, api: { image: x, command: *d } }\n`, /^not valid YAML/],
+    ['a user for main', 'services:\n  main: { user: root }\n  api: { image: x }\n', /services\.main\.user: not supported/],
     ['a bad service name', 'services:\n  main: {}\n  "Bad Name": { image: x }\n', /a service name is lower-case/],
     ['a bad healthcheck test', withApi('healthcheck: { test: ["RUN", "x"] }'), /services\.api\.healthcheck\.test: \["CMD"/],
     ['a bad duration', withApi('healthcheck: { test: "true", interval: soon }'), /services\.api\.healthcheck\.interval: a duration/],
