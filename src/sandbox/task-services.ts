@@ -261,3 +261,34 @@ export async function environmentKeyOf(docker: Docker, containerId: string, time
     throw err;
   }
 }
+
+/**
+ * The end of every sidecar's output (stdout and stderr, interleaved as written, at most `capBytes`
+ * each), by service name: kept as the episode's evidence at close.
+ */
+export async function serviceLogs(docker: Docker, key: string, capBytes: number, signal: AbortSignal, timeoutMs: number): Promise<Map<string, Buffer>> {
+  const call = { timeoutMs, signal };
+  const parts = await dockerCall('list an environment\'s services', call, (abortSignal) =>
+    docker.listContainers({ all: true, filters: { label: [`${LABEL.environment}=${key}`, `${LABEL.environmentRole}=service`] }, abortSignal } as Docker.ContainerListOptions));
+  const out = new Map<string, Buffer>();
+  for (const c of parts) {
+    const name = c.Labels[LABEL.service] ?? c.Id.slice(0, 12);
+    const raw = await dockerCall(`read task service ${name}'s output`, call, (abortSignal) =>
+      docker.getContainer(c.Id).logs({ stdout: true, stderr: true, follow: false, tail: 5000, abortSignal } as never) as unknown as Promise<Buffer>);
+    const text = demuxFrames(Buffer.isBuffer(raw) ? raw : Buffer.from(String(raw)));
+    out.set(name, text.length > capBytes ? text.subarray(text.length - capBytes) : text);
+  }
+  return out;
+}
+
+/** The payloads of the engine's multiplexed log frames (8-byte headers), in order; a TTY's raw bytes as they are. */
+function demuxFrames(buf: Buffer): Buffer {
+  const chunks: Buffer[] = [];
+  let i = 0;
+  while (i + 8 <= buf.length && buf[i]! <= 2 && buf[i + 1] === 0 && buf[i + 2] === 0 && buf[i + 3] === 0) {
+    const size = buf.readUInt32BE(i + 4);
+    chunks.push(buf.subarray(i + 8, i + 8 + size));
+    i += 8 + size;
+  }
+  return i === 0 ? buf : Buffer.concat(chunks);
+}

@@ -5,7 +5,7 @@
 // every part of two episodes running at once find only loopback, no Redis of the host, nothing of the
 // other episode; after the batch no container, holder or volume is left; a batch with one bad compose
 // file enqueues nothing; and after a kill -9 of a worker mid-episode the reaper leaves nothing.
-import { mkdtemp, writeFile, cp } from 'node:fs/promises';
+import { cp, mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import { Writable } from 'node:stream';
 import path from 'node:path';
@@ -99,6 +99,11 @@ describe('Harbor task services', () => {
   it('the oracle passes every task with services; an agent that does nothing fails them; nothing is left', async () => {
     const oracle = await run(TASKS.map((t) => path.join(FIXTURES, t)), '{ kind: oracle }');
     for (const id of TASKS) expect({ id, ...oracle.get(id)![0]! }, `${id}: ${JSON.stringify(oracle.get(id)![0]!.error)}`).toMatchObject({ id, status: 'passed', reward: 1 });
+    // Each sidecar's output is kept with the episode's evidence: the reader's request log names what the oracle fetched.
+    const shared = oracle.get('shared-volume')![0]!;
+    const readerLog = await readFile(path.join(env.dataDir, 'evidence', shared.episodeId, 'attempt-1', 'service-reader.log'), 'utf8');
+    expect(readerLog).toMatch(/"GET \/token\.txt HTTP\/1\.[01]" 200/);
+    await expect(readFile(path.join(env.dataDir, 'evidence', shared.episodeId, 'attempt-1', 'service-writer.log'), 'utf8')).resolves.toBe('');
     const nothing = await run(TASKS.map((t) => path.join(FIXTURES, t)), '{ kind: command, command: "true" }');
     for (const id of TASKS) expect({ id, ...nothing.get(id)![0]! }, id).toMatchObject({ id, status: 'failed', reward: 0 });
   });
