@@ -284,14 +284,11 @@ function refuseKeys(svc: Record<string, unknown>, name: string, allowed: Set<str
       if (beyond.length > 0) fail(`${field}: ${beyond.map((c) => show(c)).join(', ')} refused: ${REFUSED.cap_add}`);
       continue;
     }
-    if (key === 'cap_drop' || key === 'read_only' || key === 'working_dir' && allowed === MAIN_KEYS) {
-      if (key === 'working_dir') fail(`${field}: main's working folder is task.toml's [environment].workdir`);
-      continue; // dropping more, or a read-only root, only takes away
-    }
+    if (key === 'working_dir' && allowed === MAIN_KEYS) fail(`${field}: main's working folder is task.toml's [environment].workdir`);
+    if (key === 'cap_drop' || key === 'read_only') continue; // accepted without effect: they would only take away
     if (REFUSED[key] !== undefined) fail(`${field}: refused: ${REFUSED[key]} (got ${show(svc[key])})`);
     if (!allowed.has(key)) fail(`${field}: not supported for a task service (got ${show(svc[key])})`);
   }
-  if (svc.privileged === false) return;
 }
 
 /** A build context of a sidecar: a folder inside the task folder, with its Dockerfile. */
