@@ -14,6 +14,7 @@ import { leaseMissingKey, reapedCountKey, sandboxClaimKey } from '../redis/redis
 import { dockerCall } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import { removeEnvironment } from '../sandbox/environment-lease.ts';
+import { removeServiceEnvironment as removeEnvironmentVolumes } from '../sandbox/task-services.ts';
 import { liveWorkers } from './worker-lease.ts';
 import type { ResultsStore } from '../results/results-store.ts';
 import { untilAborted } from '../deadlines/deadline.ts';
@@ -74,7 +75,9 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
     const ended = !leaseExpired && episodeId !== '' && (await deps.results.has(batchId, episodeId));
     if (!leaseExpired && c.Labels[LABEL.pool] !== undefined && claim === undefined) report.pooled += 1;
     if (!leaseExpired && !ended) continue;
-    if (leaseExpired && episodeId !== '') report.salvaged += (await salvage(deps, c.Id, episodeId)) ? 1 : 0;
+    // The workspace is the agent's container's: a task service or a namespace holder has none to salvage.
+    const role = c.Labels[LABEL.environmentRole];
+    if (leaseExpired && episodeId !== '' && (role === undefined || role === 'main')) report.salvaged += (await salvage(deps, c.Id, episodeId)) ? 1 : 0;
     try {
       await removeEnvironment(docker, c.Id, deps.callTimeoutMs);
       if (claim !== undefined) await deps.redis.del(sandboxClaimKey(prefix, c.Id));
@@ -84,8 +87,30 @@ export async function reapOrphans(deps: ReapDeps, minAgeMs: number): Promise<Rea
       log.warn({ containerId: c.Id, err: String(err) }, 'reaping a sandbox failed; the next run tries again');
     }
   }
+  await reapEnvironmentVolumes(deps, minAgeMs);
   if (report.removed.length > 0) await deps.redis.incrby(reapedCountKey(prefix), report.removed.length);
   return report;
+}
+
+/**
+ * Named volumes of task-service environments none of whose containers is left (a worker killed
+ * between removing the containers and the volumes): removed once older than `minAgeMs`.
+ */
+async function reapEnvironmentVolumes(deps: ReapDeps, minAgeMs: number): Promise<void> {
+  const { docker, prefix, callTimeoutMs } = deps;
+  const volumes = await dockerCall('list environment volumes', { timeoutMs: callTimeoutMs }, (abortSignal) =>
+    docker.listVolumes({ filters: { label: [`${LABEL.fleet}=${prefix}`, LABEL.environment] }, abortSignal } as object));
+  const now = Date.now();
+  for (const v of volumes.Volumes ?? []) {
+    const key = v.Labels?.[LABEL.environment];
+    const created = Date.parse((v as { CreatedAt?: string }).CreatedAt ?? '') || 0;
+    if (key === undefined || now - created < minAgeMs) continue;
+    const users = await dockerCall('list an environment\'s containers', { timeoutMs: callTimeoutMs }, (abortSignal) =>
+      docker.listContainers({ all: true, filters: { label: [`${LABEL.environment}=${key}`] }, abortSignal } as Docker.ContainerListOptions));
+    if (users.length > 0) continue;
+    await removeEnvironmentVolumes(docker, key, callTimeoutMs)
+      .catch((err: unknown) => deps.log.warn({ volume: v.Name, err: String(err) }, 'removing an environment volume failed; the next run tries again'));
+  }
 }
 
 /** The episode that claimed a pooled sandbox, or undefined (unclaimed, or the record is unreadable). */

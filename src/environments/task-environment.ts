@@ -120,3 +120,39 @@ export function effectiveWorkdir(task: TaskSpec, image: TaskImage): string {
   if (task.harbor?.workdirFromImage) return image.config.workdir.startsWith('/') ? image.config.workdir : '/';
   return task.workdir;
 }
+
+/**
+ * The image of every task service (environment/docker-compose.yaml's sidecars) on this engine: an
+ * `image:` the engine must have (there is no registry), the agent's image for `${MAIN_IMAGE_NAME}`, or
+ * a `build:` context of the task folder, built and cached exactly as the main environment is (named by
+ * the content digest of its folder and Dockerfile path).
+ */
+export async function resolveServiceImages(
+  deps: TaskImageDeps,
+  task: TaskSpec,
+  archive: TaskArchive,
+  mainImage: string,
+  opts: { signal: AbortSignal; onBuildWait?: () => void },
+): Promise<Map<string, string>> {
+  const images = new Map<string, string>();
+  for (const svc of task.harbor?.services?.sidecars ?? []) {
+    const from = svc.image;
+    if (from.from === 'main') images.set(svc.name, mainImage);
+    else if (from.from === 'image') {
+      if (await inspectConfig(deps, from.reference, opts.signal) === undefined) {
+        throw new FleetError('image_not_found', `task service ${svc.name}: image ${from.reference} is not on the Docker engine (there is no registry: load the image first, or give the service a build:)`);
+      }
+      images.set(svc.name, from.reference);
+    } else {
+      const context = await archive.partAsContext(from.context);
+      const digest = createHash('sha256').update(`${BUILD_RECIPE}\0network=none\0dockerfile=${from.dockerfile}\0`).update(context).digest('hex');
+      const built = await ensureEnvironmentImage(
+        deps,
+        { context, digest, timeoutSec: from.timeoutSec, dockerfile: from.dockerfile, labels: { 'rollout-fleet.task': task.id, 'rollout-fleet.task-service': svc.name } },
+        { signal: opts.signal, callTimeoutMs: deps.callTimeoutMs, ...(opts.onBuildWait && { onWait: () => opts.onBuildWait!() }) },
+      );
+      images.set(svc.name, built.image);
+    }
+  }
+  return images;
+}

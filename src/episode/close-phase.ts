@@ -14,11 +14,12 @@ import { writeFileAtomic } from '../files/atomic-write.ts';
 import type { ModelCallRecord } from '../model/call-evidence.ts';
 import { MODEL_CALLS_FILE } from '../model/model-proxy.ts';
 import { diffWorkspace } from '../evidence/workspace-diff.ts';
+import { serviceLogs } from '../sandbox/task-services.ts';
 import { keepHarborLogs, keepWorkspace, workspaceFolder } from '../evidence/workspace-copy.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
 
 /** What close uses of the worker's clients and stores (the sandbox's end is its lease's). */
-export type CloseDeps = Pick<EpisodeDeps, 'control' | 'evidence' | 'log' | 'checkpoints' | 'publisher' | 'outputCapBytes' | 'snapshotLimits'>;
+export type CloseDeps = Pick<EpisodeDeps, 'control' | 'evidence' | 'log' | 'checkpoints' | 'publisher' | 'outputCapBytes' | 'snapshotLimits' | 'docker' | 'callTimeoutMs'>;
 
 export interface Closed {
   /** A cancel was flagged before close began: the episode ends cancelled. */
@@ -120,6 +121,13 @@ async function collectEvidence(
     signal.addEventListener('abort', () => logs.destroy(), { once: true });
     await keepHarborLogs(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, logs, readSignal)
       .catch((err: unknown) => log.warn({ err: String(err) }, 'the Harbor task\'s /logs not kept'));
+  }
+  // Task services: the end of each sidecar's output, as service-<name>.log.
+  const services = session.spec.services;
+  if (services) {
+    await serviceLogs(deps.docker, services.key, deps.outputCapBytes, signal, deps.callTimeoutMs)
+      .then((logs) => Promise.all([...logs].map(([name, text]) => evidence.writeText(job.episodeId, attempt.attempt, `service-${name}.log`, text.toString('utf8')))))
+      .catch((err: unknown) => log.warn({ err: String(err) }, 'the task services\' output not kept'));
   }
   const snapshotDir = workspaceFolder(deps, { episodeId: job.episodeId, attempt: attempt.attempt });
   const changes = await diffWorkspace(archive?.files('workspace') ?? new Map(), snapshotDir, extraction, deps.snapshotLimits.maxFileBytes);

@@ -17,8 +17,11 @@ import type { Claimed, PoolSpec } from '../sandbox/sandbox-pool.ts';
 import { agentUsesModel } from '../tasks/agent-spec.ts';
 import { getTaskArchive } from '../tasks/task-store.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
-import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
-import { effectiveWorkdir, resolveTaskImage, resolveVerifierImage } from '../environments/task-environment.ts';
+import type { HarborRun, HarborServices, TaskSpec } from '../tasks/task-spec.ts';
+import { effectiveWorkdir, resolveServiceImages, resolveTaskImage, resolveVerifierImage } from '../environments/task-environment.ts';
+import { startTaskServices, type ServiceNetwork } from '../sandbox/task-services.ts';
+import type { SandboxOwner } from '../sandbox/labels.ts';
+import type { VolumeMount } from '../sandbox/container-spec.ts';
 import { harborLogsTar, runHealthcheck } from './harbor-checks.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 
@@ -75,7 +78,8 @@ export async function setUp(
   let claimed: Claimed | undefined;
   // The pool refills once this set-up is done with the engine (or failed).
   try {
-    claimed = pool?.enabled
+    // (Not a task with services: its sandbox joins the episode's namespace, made for it alone.)
+    claimed = pool?.enabled && task.harbor?.services === undefined
       ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal, setUpDone), (late) => {
         if (late === undefined) return;
         late.refill();
@@ -96,9 +100,17 @@ export async function setUp(
       });
       made.proxy = proxy;
     }
+    // Task services: their images, the episode's namespace, volumes and sidecars, and what main waits for.
+    const services = task.harbor?.services;
+    const serviceNetwork = services && await startServices(task, services, archive, runtime.mount, owner, deps, attempt, lease, deadline);
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
-      { ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [], runtime: deps.sandboxRuntime },
+      {
+        ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [], runtime: deps.sandboxRuntime,
+        // [environment].env over main's environment of the compose file, as Harbor's env override.
+        ...(services && poolSpec.harbor && { harbor: { ...poolSpec.harbor, env: { ...services.main.env, ...poolSpec.harbor.env } } }),
+        ...(serviceNetwork && { services: serviceNetwork }),
+      },
       // Registered as soon as the container exists, so close removes it even if set-up goes no further.
       (id) => lease.registerContainer(id),
       signal,
@@ -131,6 +143,28 @@ async function prepareHarborSandbox(task: TaskSpec, harbor: HarborRun, archive: 
   }
   const check = harbor.healthcheck;
   if (check) await deadline.run('waiting for the healthcheck', (signal) => runHealthcheck(session, check, signal));
+}
+
+/**
+ * A Harbor task's services, started before its sandbox: images resolved (built when they are a build
+ * context), then the namespace holder (registered with the lease as soon as it exists: it ends the
+ * whole environment), the volumes and the sidecars in depends_on order, and main's dependencies.
+ */
+async function startServices(
+  task: TaskSpec, services: HarborServices, archive: TaskArchive, runtimeMount: VolumeMount, owner: SandboxOwner,
+  deps: SetUpDeps, attempt: EpisodeAttempt, lease: AttemptTrail['lease'], deadline: Deadline,
+): Promise<ServiceNetwork> {
+  const images = await deadline.run('preparing the task services\' images', (signal) => resolveServiceImages(deps, task, archive, task.image, {
+    signal,
+    onBuildWait: () => attempt.onPhase?.('build'),
+  }));
+  attempt.onPhase?.('setup');
+  return deadline.run('starting the task services', (signal) => startTaskServices(
+    { docker: deps.docker, log: deps.log, callTimeoutMs: deps.callTimeoutMs },
+    { owner, services, images, mainImage: task.image, limits: task.limits, runtime: runtimeMount },
+    (id) => lease.registerContainer(id),
+    signal,
+  ));
 }
 
 /** Where the proxy's socket goes when the sandbox is the episode's own: a short folder of the attempt. */

@@ -3,8 +3,9 @@
 // pids limits, an init the sandbox user cannot signal, mounts read-only.
 import { randomBytes } from 'node:crypto';
 import type Docker from 'dockerode';
+import { HARBOR_CAPABILITIES } from '../tasks/task-spec.ts';
 import type { Limits } from '../tasks/task-spec.ts';
-import { pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
+import { LABEL, pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
 import { enginePidsLimit, type SandboxRuntime } from './sandbox-runtime.ts';
 
 /** A named volume mounted read-only into the sandbox (e.g. the runtime generation at /opt/rollout-fleet). */
@@ -49,14 +50,19 @@ export interface SessionSpec {
      */
     keepAlive: readonly string[];
   };
+  /**
+   * Task services (task-services.ts): the container joins the holder's network namespace (loopback,
+   * the services by name in its /etc/hosts) and mounts main's named volumes of the compose file.
+   */
+  services?: {
+    key: string;
+    holderId: string;
+    mounts: { volumeName: string; target: string; readOnly: boolean }[];
+  };
 }
 
-/**
- * What a root agent of a Harbor task keeps of Docker's default capabilities: owning, reading and
- * writing any file, setting ids (apt, su), signalling, binding low ports. Dropped: NET_RAW, MKNOD,
- * AUDIT_WRITE, SETFCAP, SETPCAP and SYS_CHROOT, which no task of a no-network sandbox needs.
- */
-export const HARBOR_CAPABILITIES = ['CHOWN', 'DAC_OVERRIDE', 'FOWNER', 'FSETID', 'KILL', 'SETGID', 'SETUID', 'NET_BIND_SERVICE'] as const;
+/** What a root agent of a Harbor task (and each of its task services) keeps of Docker's default capabilities (task-spec.ts). */
+export { HARBOR_CAPABILITIES } from '../tasks/task-spec.ts';
 
 /** The keep-alive of a Harbor sandbox (Harbor's is `sh -c "sleep infinity"`), run by the runtime generation's node at `mountPath`. */
 export function harborKeepAlive(runtimeMountPath: string): string[] {
@@ -100,10 +106,14 @@ export function hardenedCreateOptions(
     Image: imageId,
     ...process,
     WorkingDir: spec.workdir,
-    Labels: spec.pooled ? pooledLabels(owner.fleet, owner.workerId) : sandboxLabels(owner),
-    NetworkDisabled: true,
+    Labels: spec.pooled ? pooledLabels(owner.fleet, owner.workerId) : {
+      ...sandboxLabels(owner),
+      ...(spec.services && { [LABEL.environment]: spec.services.key, [LABEL.environmentRole]: 'main' }),
+    },
+    // With task services, the holder's namespace: loopback only, as network none.
+    ...(spec.services === undefined && { NetworkDisabled: true }),
     HostConfig: {
-      NetworkMode: 'none',
+      NetworkMode: spec.services ? `container:${spec.services.holderId}` : 'none',
       CapDrop: ['ALL'],
       ...(harbor && { CapAdd: [...HARBOR_CAPABILITIES] }),
       SecurityOpt: ['no-new-privileges'],
@@ -121,6 +131,7 @@ export function hardenedCreateOptions(
         })),
         // Same path inside and out: also right when the worker itself runs in a container.
         ...(spec.bindFolders ?? []).map((folder) => ({ Type: 'bind' as const, Source: folder, Target: folder, ReadOnly: true })),
+        ...(spec.services?.mounts ?? []).map((m) => ({ Type: 'volume' as const, Source: m.volumeName, Target: m.target, ReadOnly: m.readOnly })),
       ],
     },
     // dockerode's MountSettings asks for every volume option (Labels, DriverConfig); the engine takes the ones given.

@@ -10,6 +10,7 @@ import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import { untilAborted } from '../deadlines/deadline.ts';
 import { removeContainer, type SandboxSession } from './sandbox-session.ts';
+import { environmentKeyOf, removeServiceEnvironment } from './task-services.ts';
 
 /** What the lease needs to end an environment. */
 export interface LeaseDeps {
@@ -26,6 +27,10 @@ export interface LeaseDeps {
  * The lease's direct removal, the cleanup queue's remove-sandbox job and the reaper all call this.
  */
 export async function removeEnvironment(docker: Docker, containerId: string, timeoutMs: number): Promise<void> {
+  // A part of an environment with task services (its holder, a sidecar or the agent's container):
+  // every part labelled with its key goes, the volumes last.
+  const key = await environmentKeyOf(docker, containerId, timeoutMs);
+  if (key !== undefined) return removeServiceEnvironment(docker, key, timeoutMs);
   await removeContainer(docker, containerId, timeoutMs);
 }
 
@@ -57,7 +62,11 @@ export class EnvironmentLease {
     return this.#runFolder;
   }
 
-  /** The container exists (its session may not be open yet): from now on the lease ends it. */
+  /**
+   * The container exists (its session may not be open yet): from now on the lease ends it. With task
+   * services, the namespace holder is registered first and the agent's container replaces it: either
+   * ends the whole environment.
+   */
   registerContainer(containerId: string): void {
     this.#containerId = containerId;
   }

@@ -28,6 +28,15 @@ export const LABEL = {
   envPrefix: 'rollout-fleet.env-prefix',
   /** On built environment images: when the build started (ISO 8601). */
   envBuiltAt: 'rollout-fleet.env-built-at',
+  /**
+   * On every part of an episode's environment with task services (its namespace holder, sidecars, the
+   * agent's container and the named volumes): one key, so the whole environment is removed as one.
+   */
+  environment: 'rollout-fleet.environment',
+  /** On the parts of an environment with task services: `holder`, `service` or `main`. */
+  environmentRole: 'rollout-fleet.environment-role',
+  /** On a task service's container: its compose service name. */
+  service: 'rollout-fleet.service',
 } as const;
 
 export interface SandboxOwner {

@@ -89,9 +89,14 @@ export async function execIn(target: ExecTarget, command: string, opts: ExecOpti
   });
   // A sandbox that died under the exec (under gVisor, an OOM kill takes it whole) ends it: the engine
   // may never end its stream, and no process is left to wait for.
+  // The engine's events arrive late: a `die` of a restart made before this exec began can come while it
+  // runs. Only a sandbox that is not running now ends it.
   let offDie: (() => void) | undefined;
   const died = new Promise<'died'>((resolve) => {
-    offDie = target.onDie?.(() => resolve('died'));
+    offDie = target.onDie?.(() => {
+      void dockerCall('inspect container', { timeoutMs: target.callTimeoutMs }, (abortSignal) => target.container.inspect({ abortSignal } as Parameters<Docker.Container['inspect']>[0]))
+        .then((info) => { if (!info.State.Running) resolve('died'); }, () => resolve('died'));
+    });
   });
   const first = await Promise.race([ended.then(() => 'ended' as const), stopped, died]).finally(() => offDie?.());
   if (first === 'died') stream.destroy();

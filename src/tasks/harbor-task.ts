@@ -2,19 +2,22 @@
 // the fleet's TaskSpec, as Harbor v0.22.0 would run it, with the fleet's invariants kept:
 // - the agent's timeout, unset in Harbor ("no limit"), is bounded by the batch's deadline;
 // - the network a phase asks for is recorded, and what runs is capped by the operator (no-network);
-// - what the fleet cannot give is refused by name: GPUs, TPUs, Windows, MCP servers, multi-step tasks
-//   and task services (environment/docker-compose.yaml) for now;
+// - what the fleet cannot give is refused by name: GPUs, TPUs, Windows, MCP servers; environment/
+//   docker-compose.yaml's services are read by harbor-compose.ts, which refuses what would reach past
+//   the episode;
 // - `${VAR}` in `[environment].env` and the other env tables is read from the enqueuing host only
 //   when the name is not a secret's nor a fleet setting's, and never on the API's behalf.
 import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { isSecretName } from '../config/secret-names.ts';
 import { printable } from '../errors/printable.ts';
+import { ComposeProblem, healthcheckBoundSec, readHarborCompose } from './harbor-compose.ts';
 import { HarborTaskToml } from './harbor-toml.ts';
 import {
   BUILTIN_DEFAULTS,
   HARBOR_TEST_COMMAND,
   MAX_INSTRUCTION_BYTES,
+  type HarborServices,
   type NetworkMode,
   type TaskDefaults,
 } from './task-spec.ts';
@@ -28,6 +31,10 @@ export interface HarborFolder {
   has: { dockerfile: boolean; compose: boolean; testScript: boolean; testsDockerfile: boolean };
   /** The folders under steps/ (multi-step tasks): each one's instruction.md and what else it holds. */
   steps?: Record<string, HarborStepFolder>;
+  /** environment/docker-compose.yaml's text, when the folder has one. */
+  composeText?: string;
+  /** Whether a file exists in the folder (a "/"-separated path relative to it): sidecar Dockerfiles. */
+  exists?: (rel: string) => boolean;
 }
 
 export interface HarborStepFolder {
@@ -144,7 +151,22 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
     if (c.service !== 'main') problems.push({ file: 'task.toml', message: `verifier.collect.${i}.service: task services are not supported yet (got ${JSON.stringify(printable(c.service))})` });
     return { command: c.command, timeoutSec: c.timeout_sec, ...(c.user !== undefined && { user: c.user }) };
   });
-  if (folder.has.compose) problems.push({ file: 'environment/', message: 'docker-compose.yaml: task services are not supported yet; give the task one container (environment/Dockerfile or docker_image)' });
+  let services: HarborServices | undefined;
+  if (folder.has.compose) {
+    try {
+      services = readHarborCompose(folder.composeText ?? '', {
+        cpus: env.cpus ?? defaults.limits?.cpus ?? BUILTIN_DEFAULTS.limits.cpus,
+        memoryMb: env.memory_mb ?? env.memory ?? defaults.limits?.memoryMb ?? BUILTIN_DEFAULTS.limits.memoryMb,
+        buildTimeoutSec: env.build_timeout_sec,
+        exists: folder.exists ?? (() => false),
+      }, host);
+    } catch (err) {
+      if (!(err instanceof ComposeProblem)) throw err;
+      problems.push({ file: 'environment/', message: `docker-compose.yaml: ${err.message}` });
+    }
+  }
+  if (services !== undefined && separate) problems.push({ file: 'environment/', message: 'docker-compose.yaml: task services with a separate verifier are not supported yet' });
+  if (services !== undefined && multiStep) problems.push({ file: 'environment/', message: 'docker-compose.yaml: task services in a multi-step task are not supported yet' });
   if (!folder.has.testScript && !multiStep) problems.push({ file: 'tests/', message: 'test.sh: missing (Harbor runs tests/test.sh, which writes /logs/verifier/reward.txt or reward.json)' });
   if (env.docker_image === undefined && !folder.has.dockerfile) {
     problems.push({ file: 'environment/', message: 'Dockerfile: missing, and task.toml sets no environment.docker_image: the task has no image' });
@@ -202,7 +224,9 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
   };
   // The healthcheck runs in set-up: its worst case (the start period, then every retry timing out) is
   // added to the set-up reserve, so a slow but healthy service is not cut short by the fleet.
-  const healthcheckSec = healthcheck ? healthcheck.startPeriodSec + healthcheck.retries * (healthcheck.intervalSec + healthcheck.timeoutSec) : 0;
+  const healthcheckSec = (healthcheck ? healthcheck.startPeriodSec + healthcheck.retries * (healthcheck.intervalSec + healthcheck.timeoutSec) : 0)
+    // The sidecars' healthchecks are waited for one after another in the worst case, and their builds are set-up time too.
+    + (services?.sidecars ?? []).reduce((n, s) => n + (s.healthcheck ? healthcheckBoundSec(s.healthcheck) : 0) + (s.image.from === 'build' ? s.image.timeoutSec : 0), 0);
   const setupSec = (defaults.reserves?.setupSec ?? BUILTIN_DEFAULTS.reserves.setupSec) + healthcheckSec;
   // A separate verifier also runs the collect hooks and creates its container within the reserve.
   const stepsRun = steps.filter((st) => st !== undefined);
@@ -245,6 +269,7 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
       verifierEnv,
       solutionEnv,
       ...(healthcheck && { healthcheck }),
+      ...(services && { services }),
       network,
       ...(separate && {
         separateVerifier: {

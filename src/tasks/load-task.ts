@@ -2,7 +2,7 @@
 // "<file>: <field>: <message> (got <value>)" so the user knows what to fix; nothing is enqueued from a
 // batch that has any problem. Files are read as hostile: only regular files (a FIFO would block, a
 // device never end), at most MAX_YAML_BYTES, and a file's content is never echoed back.
-import { constants, type Stats } from 'node:fs';
+import { constants, lstatSync, type Stats } from 'node:fs';
 import { lstat, open, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { parse as parseYaml } from 'yaml';
@@ -148,6 +148,17 @@ async function isTaskFolder(dir: string, marker: 'task.yaml' | 'task.toml'): Pro
   return lstat(path.join(dir, marker)).then(() => true, () => false);
 }
 
+/** A regular file (not a link) inside `root`: a sidecar's Dockerfile the resolver checks synchronously. */
+function isFileSync(p: string, root: string): boolean {
+  const rel = path.relative(root, p);
+  if (rel.startsWith('..') || path.isAbsolute(rel)) return false;
+  try {
+    return lstatSync(p).isFile();
+  } catch {
+    return false;
+  }
+}
+
 async function isFile(p: string): Promise<boolean> {
   return lstat(p).then((s) => s.isFile(), () => false);
 }
@@ -169,6 +180,11 @@ async function loadHarborFolder(dir: string, defaults: TaskDefaults, hostEnv: Ho
     },
     ...(await isDir(path.join(dir, 'steps')) && { steps: await stepFolders(path.join(dir, 'steps')) }),
   };
+  const composeFile = (await Promise.all(HARBOR_FILES.compose.map(async (f) => (await isFile(path.join(dir, f))) ? f : undefined))).find((f) => f !== undefined);
+  if (composeFile !== undefined) {
+    folder.composeText = await readBounded(path.join(dir, composeFile), true);
+    folder.exists = (rel) => isFileSync(path.join(dir, ...rel.split('/')), dir);
+  }
   return resolveHarbor(folder, as.where, defaults, hostEnv);
 }
 
@@ -218,6 +234,7 @@ function harborFolderOf(archive: TaskArchive, name: string): HarborFolder | unde
   const tomlText = archive.readText(HARBOR_FILES.toml);
   if (tomlText === undefined) return undefined;
   const has = (f: string) => archive.readText(f) !== undefined;
+  const composeFile = HARBOR_FILES.compose.find(has);
   return {
     name,
     tomlText,
@@ -229,6 +246,7 @@ function harborFolderOf(archive: TaskArchive, name: string): HarborFolder | unde
       testsDockerfile: has(HARBOR_FILES.testsDockerfile),
     },
     ...(archiveStepFolders(archive) !== undefined && { steps: archiveStepFolders(archive)! }),
+    ...(composeFile !== undefined && { composeText: archive.readText(composeFile) ?? '', exists: has }),
   };
 }
 

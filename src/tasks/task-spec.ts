@@ -204,6 +204,68 @@ const HealthcheckSpec = z.strictObject({
 });
 
 /**
+ * What a root agent of a Harbor task keeps of Docker's default capabilities: owning, reading and
+ * writing any file, setting ids (apt, su), signalling, binding low ports. Dropped: NET_RAW, MKNOD,
+ * AUDIT_WRITE, SETFCAP, SETPCAP and SYS_CHROOT, which no task of a no-network sandbox needs.
+ * Every task service gets the same; a compose file asking for more is refused (harbor-compose.ts).
+ */
+export const HARBOR_CAPABILITIES = ['CHOWN', 'DAC_OVERRIDE', 'FOWNER', 'FSETID', 'KILL', 'SETGID', 'SETUID', 'NET_BIND_SERVICE'] as const;
+
+/** A service name of a task's docker-compose.yaml (compose's own rule), also its host name in the episode. */
+const ServiceName = z.string().regex(/^[a-z0-9][a-z0-9_.-]{0,62}$/, 'a compose service name: lower-case letters, digits, "_", "." and "-"');
+const ExecForm = z.array(z.string().max(MAX_COMMAND_BYTES)).max(256);
+
+/** A healthcheck of a compose service: an exec form run in the service until it exits 0, bounded. */
+export const ServiceHealthcheck = z.strictObject({
+  /** The exec form (CMD-SHELL becomes ["/bin/sh", "-c", text]). */
+  test: ExecForm.min(1),
+  intervalSec: seconds,
+  timeoutSec: seconds,
+  retries: z.number().int().min(1).max(1_000),
+  startPeriodSec: z.number().min(0).max(24 * 3600),
+});
+
+const ServiceMount = z.strictObject({ volume: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/), target: z.string().startsWith('/').max(4096), readOnly: z.boolean() });
+const DependsOn = z.strictObject({ service: ServiceName, condition: z.enum(['service_started', 'service_healthy']) });
+
+/** A sidecar of a Harbor task (a service of environment/docker-compose.yaml other than main). */
+export const HarborSidecar = z.strictObject({
+  name: ServiceName,
+  /** From `image:` (the engine must have it), `${MAIN_IMAGE_NAME}` (the agent's image), or `build:`. */
+  image: z.discriminatedUnion('from', [
+    z.strictObject({ from: z.literal('image'), reference: ImageReference }),
+    z.strictObject({ from: z.literal('main') }),
+    z.strictObject({
+      from: z.literal('build'),
+      /** The context's folder inside the task archive (e.g. environment/api). */
+      context: z.string().regex(/^environment(\/[^/]+)*$/).max(1024),
+      dockerfile: z.string().max(1024),
+      timeoutSec: seconds,
+    }),
+  ]),
+  entrypoint: ExecForm.optional(),
+  command: ExecForm.optional(),
+  env: PhaseEnv,
+  workdir: z.string().startsWith('/').max(4096).optional(),
+  user: z.string().max(65).optional(),
+  expose: z.array(z.number().int().min(1).max(65535)).max(64),
+  healthcheck: ServiceHealthcheck.optional(),
+  dependsOn: z.array(DependsOn).max(64),
+  mounts: z.array(ServiceMount).max(64),
+});
+export type HarborSidecar = z.infer<typeof HarborSidecar>;
+
+/** environment/docker-compose.yaml as the fleet runs it (src/tasks/harbor-compose.ts, src/sandbox/task-services.ts). */
+export const HarborServices = z.strictObject({
+  /** Named volumes (top-level `volumes:`), one per episode, shared by the services mounting them. */
+  volumes: z.array(z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/)).max(64),
+  sidecars: z.array(HarborSidecar).min(1).max(16),
+  /** main's entries of the compose file: what the agent's container waits for and mounts. */
+  main: z.strictObject({ dependsOn: z.array(DependsOn).max(64), mounts: z.array(ServiceMount).max(64), env: PhaseEnv }),
+});
+export type HarborServices = z.infer<typeof HarborServices>;
+
+/**
  * How a Harbor task folder (task.toml) runs, as resolved at enqueue (src/tasks/harbor-task.ts): the
  * image comes from `docker_image` when the engine has it, else from environment/ built by the fleet;
  * every command is `bash -c` in the workdir as the phase's user; the reward is the verifier's reward
@@ -232,6 +294,8 @@ export const HarborRun = z.strictObject({
   solutionEnv: PhaseEnv,
   /** `[environment.healthcheck]`: run until it passes before the agent starts. */
   healthcheck: HealthcheckSpec.optional(),
+  /** environment/docker-compose.yaml's services beside main (task services). */
+  services: HarborServices.optional(),
   /** The network each phase asked for; the agent and the verifier run with what the operator allows (recorded in the result). */
   network: z.strictObject({ agent: NetworkMode, verifier: NetworkMode }),
   /**

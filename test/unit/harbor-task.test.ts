@@ -170,7 +170,7 @@ describe('broken Harbor task folders are refused, naming the file and the field'
     ['an artifact of a sidecar', (d) => writeFile(path.join(d, 'task.toml'), 'artifacts = [{ source = "/data", service = "db" }]\n'), 'task.toml: artifacts.0.service: task services are not supported yet (got "db")'],
     ['a relative artifact', (d) => writeFile(path.join(d, 'task.toml'), 'artifacts = ["out.txt"]\n'), 'task.toml: artifacts.0.source: an absolute path in the agent\'s container (got "out.txt")'],
     ['a collect hook of a sidecar', (d) => writeFile(path.join(d, 'task.toml'), '[[verifier.collect]]\ncommand = "true"\nservice = "db"\n'), 'task.toml: verifier.collect.0.service: task services are not supported yet'],
-    ['task services', (d) => writeFile(path.join(d, 'environment', 'docker-compose.yaml'), 'services: {}\n'), 'environment/: docker-compose.yaml: task services are not supported yet'],
+    ['task services without services', (d) => writeFile(path.join(d, 'environment', 'docker-compose.yaml'), 'services: {}\n'), 'environment/: docker-compose.yaml: services: a map of services'],
     ['no image at all', (d) => rm(path.join(d, 'environment', 'Dockerfile')), 'environment/: Dockerfile: missing, and task.toml sets no environment.docker_image'],
     ['no test.sh', (d) => rm(path.join(d, 'tests', 'test.sh')), 'tests/: test.sh: missing'],
     ['a bad docker_image', (d) => writeFile(path.join(d, 'task.toml'), '[environment]\ndocker_image = "../../evil host:80/x"\n'), 'task.toml: harbor.dockerImage: not a valid image reference'],
