@@ -104,7 +104,8 @@ async function reapEnvironmentVolumes(deps: ReapDeps, minAgeMs: number): Promise
   for (const v of volumes.Volumes ?? []) {
     const key = v.Labels?.[LABEL.environment];
     const created = Date.parse((v as { CreatedAt?: string }).CreatedAt ?? '') || 0;
-    if (key === undefined || now - created < minAgeMs) continue;
+    // At least a minute old: set-up makes an environment's volumes just before its containers.
+    if (key === undefined || now - created < Math.max(minAgeMs, 60_000)) continue;
     const users = await dockerCall('list an environment\'s containers', { timeoutMs: callTimeoutMs }, (abortSignal) =>
       docker.listContainers({ all: true, filters: { label: [`${LABEL.environment}=${key}`] }, abortSignal } as Docker.ContainerListOptions));
     if (users.length > 0) continue;
