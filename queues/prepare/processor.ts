@@ -1,12 +1,13 @@
 // Thin processor of an engine's prepare queue: the environment of one task built on this worker's
-// engine (or found there) as an episode's set-up would, and the outcome returned as the job's value,
+// engine (or found there) as an episode's set-up would (with its task services' and a separate
+// verifier's images), and the outcome returned as the job's value,
 // failures included (their kind and code), so `rollout-fleet prepare` prints them per host.
 import type { Job } from 'bullmq';
 import { UnrecoverableError } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { describeIssues } from '../../src/config/zod-issues.ts';
-import { resolveTaskImage } from '../../src/environments/task-environment.ts';
+import { resolveServiceImages, resolveTaskImage, resolveVerifierImage } from '../../src/environments/task-environment.ts';
 import { FleetError, outcomeOf } from '../../src/errors/fleet-error.ts';
 import { engineId, type Docker } from '../../src/sandbox/docker-client.ts';
 import { getTaskArchive } from '../../src/tasks/task-store.ts';
@@ -32,12 +33,19 @@ export function prepareProcessor(deps: PrepareProcessorDeps) {
     try {
       const archive = await getTaskArchive(deps.redis, deps.prefix, taskDigest);
       const timeoutSec = task.harbor?.build?.timeoutSec ?? 0;
+      const imageDeps = { docker: deps.docker, redis: deps.redis, prefix: deps.prefix, log: deps.log, callTimeoutMs: deps.callTimeoutMs };
       const image = await resolveTaskImage(
-        { docker: deps.docker, redis: deps.redis, prefix: deps.prefix, log: deps.log, callTimeoutMs: deps.callTimeoutMs },
+        imageDeps,
         task,
         archive,
         { signal: AbortSignal.timeout((timeoutSec + 120) * 1000) },
       );
+      // Everything else set-up would build or look for: the task services' images, a separate verifier's.
+      const sidecars = task.harbor?.services?.sidecars ?? [];
+      const buildSec = sidecars.reduce((n, svc) => n + (svc.image.from === 'build' ? svc.image.timeoutSec : 0), 0) + (task.harbor?.separateVerifier?.build?.timeoutSec ?? 0);
+      const more = { signal: AbortSignal.timeout((buildSec + 120) * 1000) };
+      if (sidecars.length > 0) await resolveServiceImages(imageDeps, task, archive, image.image, more);
+      await resolveVerifierImage(imageDeps, task, archive, image, more);
       const how = image.source === 'docker_image' ? 'docker_image' : image.build?.built ? 'built' : 'already';
       return { status: 'ready', image: image.image, how, ms: Math.round(performance.now() - started), engineId: engine, workerId: deps.workerId };
     } catch (err) {

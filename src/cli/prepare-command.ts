@@ -11,7 +11,7 @@ import { parseArgs } from 'node:util';
 import { Job, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { PREPARE_JOB, PrepareResult, prepareJobOptions, shortEngineName, type PrepareJob } from '../environments/prepare-job.ts';
-import { resolveServiceImages, resolveTaskImage } from '../environments/task-environment.ts';
+import { resolveServiceImages, resolveTaskImage, resolveVerifierImage } from '../environments/task-environment.ts';
 import { FleetError, outcomeOf } from '../errors/fleet-error.ts';
 import { loadBatch } from '../tasks/load-task.ts';
 import { packTask } from '../tasks/pack-task.ts';
@@ -82,6 +82,10 @@ async function prepareHere(cli: Cli, redis: Redis, harbor: HarborTask[]): Promis
           { signal: AbortSignal.timeout((services.reduce((n, s) => n + (s.image.from === 'build' ? s.image.timeoutSec : 0), 0) + 120) * 1000) },
         );
       }
+      await resolveVerifierImage(
+        { docker, redis, prefix: config.FLEET_PREFIX, log: cli.log, callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS },
+        task.spec, archive, image, { signal: AbortSignal.timeout(((task.spec.harbor?.separateVerifier?.build?.timeoutSec ?? 0) + 120) * 1000) },
+      );
       process.stderr.write(`${line}: ${image.image} (${how}${services.length > 0 ? `, and ${services.length} task service image(s)` : ''}, ${seconds(performance.now() - started)})\n`);
     } catch (err) {
       if (!(err instanceof FleetError)) throw err;

@@ -165,9 +165,10 @@ describe('Harbor task services', () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-services-prepare-'));
     const file = path.join(dir, 'batch.yaml');
     await writeFile(file, `tasks: [${JSON.stringify(path.join(FIXTURES, 'built-sidecar'))}]\nagent: { kind: oracle }\n`);
-    const out = await runCli(['prepare', file], env.env, 600_000);
+    // --local: on this host's engine (the fleet-wide prepare through live workers builds environments only).
+    const out = await runCli(['prepare', '--local', file], env.env, 600_000);
     expect(out.code, out.stderr).toBe(0);
-    expect(out.stderr).toMatch(/built-sidecar: rollout-fleet\/env:[0-9a-f]{24} \((built|already built), and 1 task service image\(s\)/);
+    expect(out.stderr).toMatch(/built-sidecar: rollout-fleet\/env:[0-9a-f]{24} \((built|already there), and 1 task service image\(s\)/);
   });
 
   it('a batch with one task whose compose file asks for a host path enqueues nothing, naming the service and the key', async () => {
