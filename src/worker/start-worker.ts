@@ -222,9 +222,13 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   await scheduleReaper(cleanupQueue, reaperIntervalMs);
 
   const workerOpts = { connection, prefix, name: workerId, lockDuration, stalledInterval: lockDuration };
+  // No warm pool under gVisor: warm runsc sandboxes were seen dying or going missing under the full
+  // suite's load (never alone), so each episode creates its own there until that is understood.
+  const poolSize = sandboxRuntime?.gvisor ? 0 : opts.sandboxPool ?? 0;
+  if (poolSize !== (opts.sandboxPool ?? 0)) log.warn({ requested: opts.sandboxPool }, 'the warm sandbox pool is off under gVisor (FLEET_SANDBOX_RUNTIME=runsc)');
   const pool = new SandboxPool({
     docker, log, callTimeoutMs: opts.callTimeoutMs, redis: connection, prefix, workerId,
-    size: opts.sandboxPool ?? 0, runDir: path.join(opts.dataDir, 'run'), runtime: sandboxRuntime,
+    size: poolSize, runDir: path.join(opts.dataDir, 'run'), runtime: sandboxRuntime,
   });
   // The Worker of this engine's prepare queue, once the engine's id is known (below).
   let prepare: Worker | undefined;
