@@ -688,7 +688,9 @@ ${name} neither kept nor listed`).toBe(true);
     const why = await describeResult('after-copy-mutator');
     const r = byTask.get('after-copy-mutator')!;
     const ev = await evidenceOf('after-copy-mutator');
-    expect(ev.workspace.takenAt, why).toBe('agent-stopped');
+    // The sweep's own copy as a rule; a sweep that could not finish (seen once in CI, on a loaded engine)
+    // falls back to the restart and the copy at close: either way the verifier must see what is kept.
+    expect(['agent-stopped', 'close'], why).toContain(ev.workspace.takenAt);
     const kept = await readFile(path.join(attemptDir('after-copy-mutator'), 'workspace', 'state.txt'), 'utf8');
     const seen = /seen state=(\S*)/.exec(await readText('after-copy-mutator', 'verifier.stdout.txt'));
     expect(seen, why).not.toBeNull();
