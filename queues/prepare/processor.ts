@@ -7,7 +7,7 @@ import { UnrecoverableError } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { describeIssues } from '../../src/config/zod-issues.ts';
-import { resolveServiceImages, resolveTaskImage, resolveVerifierImage } from '../../src/environments/task-environment.ts';
+import { prepareOtherImages, resolveTaskImage } from '../../src/environments/task-environment.ts';
 import { FleetError, outcomeOf } from '../../src/errors/fleet-error.ts';
 import { engineId, type Docker } from '../../src/sandbox/docker-client.ts';
 import { getTaskArchive } from '../../src/tasks/task-store.ts';
@@ -41,11 +41,7 @@ export function prepareProcessor(deps: PrepareProcessorDeps) {
         { signal: AbortSignal.timeout((timeoutSec + 120) * 1000) },
       );
       // Everything else set-up would build or look for: the task services' images, a separate verifier's.
-      const sidecars = task.harbor?.services?.sidecars ?? [];
-      const buildSec = sidecars.reduce((n, svc) => n + (svc.image.from === 'build' ? svc.image.timeoutSec : 0), 0) + (task.harbor?.separateVerifier?.build?.timeoutSec ?? 0);
-      const more = { signal: AbortSignal.timeout((buildSec + 120) * 1000) };
-      if (sidecars.length > 0) await resolveServiceImages(imageDeps, task, archive, image.image, more);
-      await resolveVerifierImage(imageDeps, task, archive, image, more);
+      await prepareOtherImages(imageDeps, task, archive, image);
       const how = image.source === 'docker_image' ? 'docker_image' : image.build?.built ? 'built' : 'already';
       return { status: 'ready', image: image.image, how, ms: Math.round(performance.now() - started), engineId: engine, workerId: deps.workerId };
     } catch (err) {

@@ -11,7 +11,7 @@ import { parseArgs } from 'node:util';
 import { Job, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { PREPARE_JOB, PrepareResult, prepareJobOptions, shortEngineName, type PrepareJob } from '../environments/prepare-job.ts';
-import { resolveServiceImages, resolveTaskImage, resolveVerifierImage } from '../environments/task-environment.ts';
+import { prepareOtherImages, resolveTaskImage } from '../environments/task-environment.ts';
 import { FleetError, outcomeOf } from '../errors/fleet-error.ts';
 import { loadBatch } from '../tasks/load-task.ts';
 import { packTask } from '../tasks/pack-task.ts';
@@ -59,6 +59,7 @@ export async function prepareCommand(cli: Cli, args: string[]): Promise<number> 
 async function prepareHere(cli: Cli, redis: Redis, harbor: HarborTask[]): Promise<number> {
   const { config } = cli;
   const docker = await cli.docker();
+  const imageDeps = { docker, redis, prefix: config.FLEET_PREFIX, log: cli.log, callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS };
   let failed = 0;
   for (const [i, task] of harbor.entries()) {
     const started = performance.now();
@@ -67,26 +68,15 @@ async function prepareHere(cli: Cli, redis: Redis, harbor: HarborTask[]): Promis
     const line = `[${i + 1}/${harbor.length}] ${task.spec.id}`;
     try {
       const image = await resolveTaskImage(
-        { docker, redis, prefix: config.FLEET_PREFIX, log: cli.log, callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS },
+        imageDeps,
         task.spec,
         archive,
         { signal: AbortSignal.timeout(buildTimeoutMs(task)), onBuildWait: () => process.stderr.write(`${line}: building...\n`) },
       );
       const how = image.source === 'docker_image' ? 'docker_image on the engine' : image.build?.built ? 'built' : 'already there';
-      // Its task services' images too (built ones cached as the environment is; image: ones checked on the engine).
-      const services = task.spec.harbor?.services?.sidecars ?? [];
-      if (services.length > 0) {
-        await resolveServiceImages(
-          { docker, redis, prefix: config.FLEET_PREFIX, log: cli.log, callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS },
-          task.spec, archive, image.image,
-          { signal: AbortSignal.timeout((services.reduce((n, s) => n + (s.image.from === 'build' ? s.image.timeoutSec : 0), 0) + 120) * 1000) },
-        );
-      }
-      await resolveVerifierImage(
-        { docker, redis, prefix: config.FLEET_PREFIX, log: cli.log, callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS },
-        task.spec, archive, image, { signal: AbortSignal.timeout(((task.spec.harbor?.separateVerifier?.build?.timeoutSec ?? 0) + 120) * 1000) },
-      );
-      process.stderr.write(`${line}: ${image.image} (${how}${services.length > 0 ? `, and ${services.length} task service image(s)` : ''}, ${seconds(performance.now() - started)})\n`);
+      // Its task services' images and a separate verifier's too, as set-up would make them.
+      const services = await prepareOtherImages(imageDeps, task.spec, archive, image);
+      process.stderr.write(`${line}: ${image.image} (${how}${services > 0 ? `, and ${services} task service image(s)` : ''}, ${seconds(performance.now() - started)})\n`);
     } catch (err) {
       if (!(err instanceof FleetError)) throw err;
       failed += 1;

@@ -156,3 +156,17 @@ export async function resolveServiceImages(
   }
   return images;
 }
+
+/**
+ * The images a task needs beside its environment's, as set-up would make them: its task services'
+ * (built ones cached as the environment is, image: ones looked for) and a separate verifier's, under
+ * their build timeouts plus two minutes. For `prepare`, ahead of the batch; returns how many service images.
+ */
+export async function prepareOtherImages(deps: TaskImageDeps, task: TaskSpec, archive: TaskArchive, image: TaskImage): Promise<number> {
+  const sidecars = task.harbor?.services?.sidecars ?? [];
+  const buildSec = sidecars.reduce((n, svc) => n + (svc.image.from === 'build' ? svc.image.timeoutSec : 0), 0) + (task.harbor?.separateVerifier?.build?.timeoutSec ?? 0);
+  const opts = { signal: AbortSignal.timeout((buildSec + 120) * 1000) };
+  if (sidecars.length > 0) await resolveServiceImages(deps, task, archive, image.image, opts);
+  await resolveVerifierImage(deps, task, archive, image, opts);
+  return sidecars.length;
+}

@@ -14,6 +14,7 @@
 import path from 'node:path';
 import type { AgentRun } from '../agent/agent.ts';
 import { episodeStepsKey } from '../redis/redis-keys.ts';
+import { downloadArchive } from '../sandbox/archive-download.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { shellQuote } from '../files/shell-quote.ts';
@@ -26,7 +27,6 @@ import { execAsRoot, runHealthcheck } from './harbor-checks.ts';
 import { verifyHarbor } from './harbor-verify.ts';
 import { passes } from '../tasks/batch-spec.ts';
 import { mainReward } from './reward-file.ts';
-import { copyOut } from './separate-verifier.ts';
 
 type Step = NonNullable<HarborRun['steps']>[number];
 
@@ -127,7 +127,7 @@ const STEPS_TTL_MS = 7 * 24 * 3600 * 1000;
 
 /** The graded steps and the workdir at this boundary, in Redis; skipped (logged) when the workdir is over the snapshot's size. */
 async function saveSteps(deps: Pick<EpisodeDeps, 'redis' | 'log' | 'snapshotLimits'>, session: SandboxSession, workdir: string, graded: GradedStep[], key: string, signal: AbortSignal): Promise<void> {
-  const tar = await copyOut(session, workdir, deps.snapshotLimits.maxBytes, signal).catch((err: unknown) => {
+  const tar = await downloadArchive(session, workdir, deps.snapshotLimits.maxBytes, signal).catch((err: unknown) => {
     deps.log.warn({ err: String(err) }, 'the workdir was not kept at this step boundary: a retry starts from the first step');
     return undefined;
   });

@@ -10,13 +10,12 @@
 // container's /logs, so evidence is kept in one place, and the verifier's container is removed here
 // (the reaper removes it after a kill -9: it carries the episode's labels).
 import path from 'node:path';
-import type { Readable } from 'node:stream';
 import type { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { shellQuote } from '../files/shell-quote.ts';
 import { removeEnvironment } from '../sandbox/environment-lease.ts';
 import { harborKeepAlive } from '../sandbox/container-spec.ts';
-import { dockerStatusOf } from '../sandbox/docker-client.ts';
+import { ArchiveTooLarge, downloadArchive } from '../sandbox/archive-download.ts';
 import { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
@@ -29,26 +28,12 @@ export type SeparateVerifyDeps = Pick<EpisodeDeps, 'docker' | 'callTimeoutMs' | 
 const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
 
-/** A tar of `source` in `session` (its last path part at the top), at most `capBytes`; undefined when it does not exist. */
-export async function copyOut(session: SandboxSession, source: string, capBytes: number, signal: AbortSignal): Promise<Buffer | undefined> {
-  let stream: Readable;
-  try {
-    stream = await session.getArchive(source, signal);
-  } catch (err) {
-    if (dockerStatusOf(err) === 404) return undefined;
+/** A tar of `source` copied out of `session`, at most `capBytes`: a larger artifact is the agent's doing. */
+async function copyOut(session: SandboxSession, source: string, capBytes: number, signal: AbortSignal): Promise<Buffer | undefined> {
+  return downloadArchive(session, source, capBytes, signal).catch((err: unknown) => {
+    if (err instanceof ArchiveTooLarge) throw new FleetError('artifact_too_large', `the artifact ${source} is larger than ${capBytes} bytes (the evidence snapshot's limit)`);
     throw err;
-  }
-  const chunks: Buffer[] = [];
-  let bytes = 0;
-  for await (const chunk of stream as AsyncIterable<Buffer>) {
-    bytes += chunk.length;
-    if (bytes > capBytes) {
-      stream.destroy();
-      throw new FleetError('artifact_too_large', `the artifact ${source} is larger than ${capBytes} bytes (the evidence snapshot's limit)`);
-    }
-    chunks.push(chunk);
-  }
-  return Buffer.concat(chunks);
+  });
 }
 
 export async function verifySeparately(
@@ -134,7 +119,7 @@ export async function verifySeparately(
     // The verifier's logs join the agent's container's /logs, which close keeps as evidence.
     if (verifier !== undefined) {
       const v = verifier;
-      await copyOut(v, '/logs/verifier', cap, AbortSignal.timeout(deps.callTimeoutMs))
+      await downloadArchive(v, '/logs/verifier', cap, AbortSignal.timeout(deps.callTimeoutMs))
         .then((tar) => tar && session.putArchive(tar, '/logs', AbortSignal.timeout(deps.callTimeoutMs)))
         .catch((err: unknown) => deps.log.warn({ episodeId: attempt.job.episodeId, err: String(err) }, 'keeping the verifier\'s /logs/verifier failed'));
       v.stopWatching();
