@@ -21,6 +21,7 @@ import type { SandboxPool } from '../sandbox/sandbox-pool.ts';
 import type { ExecResult, SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
 import type { EnvironmentLease } from '../sandbox/environment-lease.ts';
+import type { ServiceNetwork } from '../sandbox/task-services.ts';
 import type { EpisodeControl } from './episode-control.ts';
 import type { EpisodePhase } from './running-episodes.ts';
 import type { TaskImage } from '../environments/task-environment.ts';
@@ -107,6 +108,8 @@ export interface SetUpResult {
   image: TaskImage;
   /** A separate verifier's image (Harbor's separate mode), ready before the agent starts. */
   verifierImage: TaskImage | undefined;
+  /** The task services the sandbox joined (their namespace and sidecars), when the task has any. */
+  services: ServiceNetwork | undefined;
   /** The job's task with what the image decided filled in: the image run, the workdir (a Harbor task's may be the image's). */
   task: TaskSpec;
 }

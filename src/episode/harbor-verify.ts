@@ -23,7 +23,7 @@ const ROOT_OWNER = { uid: 0, gid: 0 } as const;
 export async function verifyHarbor(
   attempt: EpisodeAttempt,
   deps: SeparateVerifyDeps,
-  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage'>,
+  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun'>,
   agentRun: AgentRun,

@@ -1,7 +1,8 @@
 // Harbor's separate verifier (`[verifier.environment]` or tests/Dockerfile): the tamper-proof mode. The
 // agent never shares a container with the grader's tools: after the agent, the `[[verifier.collect]]`
-// hooks run in its container, /logs/artifacts and the declared artifacts are copied out, and the
-// container is stopped (every process of it gone). A fresh container of the verifier's image (built
+// hooks run in its container (or in the task service a hook names), /logs/artifacts and the declared
+// artifacts (of main or of a task service) are copied out, and the container and its task services are
+// stopped (every process of them gone). A fresh container of the verifier's image (built
 // from tests/ in set-up, or its docker_image, or the agent's image started afresh) gets the artifacts
 // at their absolute paths, and the tests unless its image holds them; then test.sh runs there as
 // [verifier].user with [verifier].env, and the reward file is read from it. Nothing else of the agent's
@@ -10,13 +11,16 @@
 // container's /logs, so evidence is kept in one place, and the verifier's container is removed here
 // (the reaper removes it after a kill -9: it carries the episode's labels).
 import path from 'node:path';
+import type { Readable } from 'node:stream';
 import type { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { shellQuote } from '../files/shell-quote.ts';
 import { removeEnvironment } from '../sandbox/environment-lease.ts';
 import { harborKeepAlive } from '../sandbox/container-spec.ts';
 import { ArchiveTooLarge, downloadArchive } from '../sandbox/archive-download.ts';
+import { dockerCall } from '../sandbox/docker-client.ts';
 import { SandboxSession } from '../sandbox/sandbox-session.ts';
+import { execInService, killServices } from '../sandbox/task-services.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 import { HARBOR_VERIFIER_RESET, execAsRoot, harborLogsTar } from './harbor-checks.ts';
@@ -28,8 +32,16 @@ export type SeparateVerifyDeps = Pick<EpisodeDeps, 'docker' | 'callTimeoutMs' | 
 const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
 
+/** A task service's files, copied out through the engine as a session's are. */
+function sidecarArchives(deps: SeparateVerifyDeps, containerId: string): Pick<SandboxSession, 'getArchive'> {
+  return {
+    getArchive: (source, signal) => dockerCall('get archive', { timeoutMs: deps.callTimeoutMs, signal }, (abortSignal) =>
+      deps.docker.getContainer(containerId).getArchive({ path: source, abortSignal } as never)) as Promise<Readable>,
+  };
+}
+
 /** A tar of `source` copied out of `session`, at most `capBytes`: a larger artifact is the agent's doing. */
-async function copyOut(session: SandboxSession, source: string, capBytes: number, signal: AbortSignal): Promise<Buffer | undefined> {
+async function copyOut(session: Pick<SandboxSession, 'getArchive'>, source: string, capBytes: number, signal: AbortSignal): Promise<Buffer | undefined> {
   return downloadArchive(session, source, capBytes, signal).catch((err: unknown) => {
     if (err instanceof ArchiveTooLarge) throw new FleetError('artifact_too_large', `the artifact ${source} is larger than ${capBytes} bytes (the evidence snapshot's limit)`);
     throw err;
@@ -39,7 +51,7 @@ async function copyOut(session: SandboxSession, source: string, capBytes: number
 export async function verifySeparately(
   attempt: EpisodeAttempt,
   deps: SeparateVerifyDeps,
-  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage'>,
+  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun'>,
   harbor: HarborRun,
@@ -51,27 +63,40 @@ export async function verifySeparately(
   if (image === undefined || made.runtime === undefined) throw new FleetError('docker_error', 'the separate verifier\'s image was not prepared in set-up');
   const asRootIn = (s: SandboxSession, what: string, command: string) => execAsRoot(s, deadline, what, command);
 
-  // 1. The collect hooks, in the agent's container while it still runs: best effort, as in Harbor.
+  const services = made.services;
+  const servicesDeps = { docker: deps.docker, log: deps.log, callTimeoutMs: deps.callTimeoutMs };
+  const sidecarOf = (service: string): string => {
+    const id = services?.sidecars[service];
+    if (id === undefined) throw new FleetError('docker_error', `task service ${service} was not started in set-up`);
+    return id;
+  };
+  // 1. The collect hooks, in the agent's container (or the task service named) while it still runs:
+  //    best effort, as in Harbor.
   for (const [i, hook] of harbor.collect.entries()) {
-    const run = await deadline.run(`running verifier.collect.${i}`, (signal) => session.exec(hook.command, {
-      timeoutMs: hook.timeoutSec * 1000, capBytes: 64 * 1024, user: hook.user ?? '', signal,
-    })).catch((err: unknown) => ({ exitCode: null, timedOut: false, error: String(err) }));
-    if (run.exitCode !== 0) deps.log.info({ episodeId: attempt.job.episodeId, hook: i, exitCode: run.exitCode, timedOut: run.timedOut }, 'a verifier.collect hook failed (best effort: grading goes on)');
+    const service = hook.service;
+    const run = await deadline.run(`running verifier.collect.${i}`, async (signal) => service === undefined
+      ? session.exec(hook.command, { timeoutMs: hook.timeoutSec * 1000, capBytes: 64 * 1024, user: hook.user ?? '', signal })
+      : { exitCode: await execInService(servicesDeps, sidecarOf(service), hook.command, { timeoutMs: hook.timeoutSec * 1000, signal, ...(hook.user !== undefined && { user: hook.user }) }), timedOut: false },
+    ).catch((err: unknown) => ({ exitCode: null, timedOut: false, error: String(err) }));
+    if (run.exitCode !== 0) deps.log.info({ episodeId: attempt.job.episodeId, hook: i, service: service ?? 'main', exitCode: run.exitCode, timedOut: run.timedOut }, 'a verifier.collect hook failed (best effort: grading goes on)');
   }
-  // 2. What the verifier may see, copied out: /logs/artifacts and the declared artifacts.
+  // 2. What the verifier may see, copied out: /logs/artifacts and the declared artifacts (of main or a task service).
   const cap = deps.snapshotLimits.maxBytes;
   const carried: { dir: string; tar: Buffer }[] = [];
-  for (const source of ['/logs/artifacts', ...harbor.artifacts.map((a) => a.source)]) {
-    const tar = await deadline.run(`copying ${source} out`, (signal) => copyOut(session, source, cap, signal));
+  for (const { source, service } of [{ source: '/logs/artifacts', service: undefined }, ...harbor.artifacts]) {
+    const from = service === undefined ? session : sidecarArchives(deps, sidecarOf(service));
+    const tar = await deadline.run(`copying ${source} out`, (signal) => copyOut(from, source, cap, signal));
     if (tar === undefined) {
-      deps.log.info({ episodeId: attempt.job.episodeId, source }, 'an artifact is missing from the agent\'s container');
+      deps.log.info({ episodeId: attempt.job.episodeId, source, service: service ?? 'main' }, 'an artifact is missing');
       continue;
     }
     carried.push({ dir: path.posix.dirname(source), tar });
   }
-  // 3. The agent's container stops (a reward file planted in its /logs/verifier goes first); the model too.
+  // 3. The agent's container stops (a reward file planted in its /logs/verifier goes first), its task
+  //    services too (the verifier does not join them, as in Harbor); the model too.
   await asRootIn(session, 'emptying the agent\'s /logs/verifier', HARBOR_VERIFIER_RESET);
   await deadline.run('stopping the agent\'s container', (signal) => session.kill(signal));
+  if (services) await deadline.run('stopping the task services', (signal) => killServices(servicesDeps, services, signal));
   await deadline.run('closing the model proxy', async () => made.proxy?.close());
 
   // 4. The verifier's own container, owned by the episode (its labels let the reaper find it).

@@ -124,7 +124,7 @@ export async function setUp(
       const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
       await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
     }
-    return { archive, runtime, session, proxy, imageId, image, verifierImage, task };
+    return { archive, runtime, session, proxy, imageId, image, verifierImage, services: serviceNetwork, task };
   } finally {
     claimed?.refill();
     endSetUp();

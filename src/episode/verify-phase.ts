@@ -69,7 +69,7 @@ function killedBySignal(agentRun: AgentRun): boolean {
 export async function verify(
   attempt: EpisodeAttempt,
   deps: VerifyDeps,
-  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage'>,
+  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy'>,
   agentRun: AgentRun,

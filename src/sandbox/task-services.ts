@@ -9,6 +9,7 @@
 // agent's container, the named volumes) carries the episode's labels and one environment key, so
 // removeEnvironment ends the whole of it from any one part, and the reaper finds each part by label.
 import { randomBytes } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
@@ -33,6 +34,8 @@ export interface ServiceNetwork {
   holderId: string;
   /** main's named-volume mounts of the compose file, read-write unless `:ro`. */
   mounts: { volumeName: string; target: string; readOnly: boolean }[];
+  /** Each sidecar's container id, by service name (a separate verifier's collect hooks and artifacts). */
+  sidecars: Record<string, string>;
 }
 
 export interface ServicesInput {
@@ -162,6 +165,7 @@ export async function startTaskServices(deps: ServicesDeps, input: ServicesInput
     key,
     holderId: holder.id,
     mounts: services.main.mounts.map((m) => ({ volumeName: volumeName(m.volume), target: m.target, readOnly: m.readOnly })),
+    sidecars: Object.fromEntries([...containers].map(([name, c]) => [name, c.id])),
   };
 }
 
@@ -197,19 +201,40 @@ async function waitHealthy(deps: ServicesDeps, container: Docker.Container, svc:
     if (performance.now() - started > boundMs) {
       throw new FleetError('healthcheck_failed', `task service ${svc.name}: its healthcheck did not pass within ${Math.round(boundMs / 1000)} s (start_period + retries x (interval + timeout); last: ${last})`);
     }
-    await new Promise<void>((resolve, reject) => {
-      const t = setTimeout(resolve, everyMs);
-      signal.addEventListener('abort', () => { clearTimeout(t); reject(signal.reason as Error); }, { once: true });
-    });
+    // An abortable wait whose listener goes with it (a listener per poll on the set-up's signal would pile up).
+    await sleep(everyMs, undefined, { signal });
   }
 }
 
+/**
+ * Run `command` in the task service `containerId` (a separate verifier's collect hook), with bash when
+ * its image has bash, else sh, as `user` (else the service's own): its exit code, or null past
+ * `timeoutMs` (the process is left to end with the service, which stops right after).
+ */
+export async function execInService(deps: ServicesDeps, containerId: string, command: string, options: { user?: string; timeoutMs: number; signal: AbortSignal }): Promise<number | null> {
+  const shell = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$0"; fi; exec sh -c "$0"';
+  return execBounded(deps, deps.docker.getContainer(containerId), ['sh', '-c', shell, command], options.timeoutMs, options.signal, options.user);
+}
+
+/** Kill every task service of an environment (the agent's container is the caller's); one already stopped is fine. */
+export async function killServices(deps: ServicesDeps, network: ServiceNetwork, signal: AbortSignal): Promise<void> {
+  await Promise.all(Object.entries(network.sidecars).map(async ([name, id]) => {
+    try {
+      await dockerCall(`stop task service ${name}`, { timeoutMs: deps.callTimeoutMs, signal }, (abortSignal) => deps.docker.getContainer(id).kill({ abortSignal }));
+    } catch (err) {
+      // 409: not running; 404: gone.
+      const status = dockerStatusOf(err);
+      if (status !== 409 && status !== 404) throw err;
+    }
+  }));
+}
+
 /** Exit code of an exec-form command, or null past `timeoutMs` (left to end with the container). */
-async function execBounded(deps: ServicesDeps, container: Docker.Container, cmd: readonly string[], timeoutMs: number, signal: AbortSignal): Promise<number | null> {
+async function execBounded(deps: ServicesDeps, container: Docker.Container, cmd: readonly string[], timeoutMs: number, signal: AbortSignal, user?: string): Promise<number | null> {
   const call = { timeoutMs: deps.callTimeoutMs, signal };
   let exec: Docker.Exec;
   try {
-    exec = await dockerCall('create healthcheck exec', call, (abortSignal) => container.exec({ Cmd: [...cmd], AttachStdout: false, AttachStderr: false, abortSignal } as never));
+    exec = await dockerCall('create healthcheck exec', call, (abortSignal) => container.exec({ Cmd: [...cmd], AttachStdout: false, AttachStderr: false, ...(user !== undefined && { User: user }), abortSignal } as never));
     await dockerCall('start healthcheck exec', call, (abortSignal) => exec.start({ Detach: true, abortSignal } as never));
   } catch (err) {
     // A program the image lacks is a failed check (the engine answers 404/500 at start), not an engine failure.
@@ -222,10 +247,7 @@ async function execBounded(deps: ServicesDeps, container: Docker.Container, cmd:
     const info = await dockerCall('inspect healthcheck exec', call, (abortSignal) => exec.inspect({ abortSignal } as object) as Promise<Docker.ExecInspectInfo>);
     if (!info.Running && info.ExitCode !== null) return info.ExitCode;
     if (performance.now() > until) return null;
-    await new Promise<void>((resolve, reject) => {
-      const t = setTimeout(resolve, wait);
-      signal.addEventListener('abort', () => { clearTimeout(t); reject(signal.reason as Error); }, { once: true });
-    });
+    await sleep(wait, undefined, { signal });
   }
 }
 

@@ -141,16 +141,16 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
   }
   const artifacts = (toml.artifacts ?? []).map((a, i) => {
     const entry = typeof a === 'string' ? { source: a } : a;
-    if (entry.service !== undefined && entry.service !== 'main') problems.push({ file: 'task.toml', message: `artifacts.${i}.service: task services are not supported yet (got ${JSON.stringify(printable(entry.service))})` });
     if ((entry.exclude?.length ?? 0) > 0) problems.push({ file: 'task.toml', message: `artifacts.${i}.exclude: not supported yet (got ${entry.exclude!.length} patterns)` });
     if (!entry.source.startsWith('/')) problems.push({ file: 'task.toml', message: `artifacts.${i}.source: an absolute path in the agent's container (got ${JSON.stringify(printable(entry.source))})` });
     // `destination` is where Harbor saves it on its host: here /logs and the verifier's copies are the evidence.
-    return { source: entry.source };
+    return { source: entry.source, ...(entry.service !== undefined && entry.service !== 'main' && { service: entry.service }) };
   });
-  const collect = (toml.verifier.collect ?? []).map((c, i) => {
-    if (c.service !== 'main') problems.push({ file: 'task.toml', message: `verifier.collect.${i}.service: task services are not supported yet (got ${JSON.stringify(printable(c.service))})` });
-    return { command: c.command, timeoutSec: c.timeout_sec, ...(c.user !== undefined && { user: c.user }) };
-  });
+  const collect = (toml.verifier.collect ?? []).map((c) => ({
+    command: c.command, timeoutSec: c.timeout_sec,
+    ...(c.user !== undefined && { user: c.user }),
+    ...(c.service !== 'main' && { service: c.service }),
+  }));
   let services: HarborServices | undefined;
   if (folder.has.compose) {
     try {
@@ -165,8 +165,15 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
       problems.push({ file: 'environment/', message: `docker-compose.yaml: ${err.message}` });
     }
   }
-  if (services !== undefined && separate) problems.push({ file: 'environment/', message: 'docker-compose.yaml: task services with a separate verifier are not supported yet' });
-  if (services !== undefined && multiStep) problems.push({ file: 'environment/', message: 'docker-compose.yaml: task services in a multi-step task are not supported yet' });
+  // A collect hook or an artifact of a sidecar names one of the compose file's services.
+  const sidecarNames = new Set((services?.sidecars ?? []).map((s) => s.name));
+  const checkService = (field: string, service: string | undefined) => {
+    if (service === undefined || sidecarNames.has(service)) return;
+    const known = sidecarNames.size > 0 ? `its services are main, ${[...sidecarNames].join(', ')}` : 'the task has no environment/docker-compose.yaml services';
+    problems.push({ file: 'task.toml', message: `${field}: no such task service (got ${JSON.stringify(printable(service))}; ${known})` });
+  };
+  artifacts.forEach((a, i) => checkService(`artifacts.${i}.service`, a.service));
+  collect.forEach((c, i) => checkService(`verifier.collect.${i}.service`, c.service));
   if (!folder.has.testScript && !multiStep) problems.push({ file: 'tests/', message: 'test.sh: missing (Harbor runs tests/test.sh, which writes /logs/verifier/reward.txt or reward.json)' });
   if (env.docker_image === undefined && !folder.has.dockerfile) {
     problems.push({ file: 'environment/', message: 'Dockerfile: missing, and task.toml sets no environment.docker_image: the task has no image' });

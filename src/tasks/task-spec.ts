@@ -312,8 +312,11 @@ export const HarborRun = z.strictObject({
     env: PhaseEnv,
     limits: z.strictObject({ memoryMb: z.number().int().positive().optional(), cpus: z.number().positive().optional() }),
   }).optional(),
-  /** `artifacts`: paths of the agent's container that a separate verifier gets, at the same absolute paths. */
-  artifacts: z.array(z.strictObject({ source: absolutePath })).max(100).default([]),
+  /**
+   * `artifacts`: paths that a separate verifier gets, at the same absolute paths: of the agent's
+   * container, or of the task service `service` names.
+   */
+  artifacts: z.array(z.strictObject({ source: absolutePath, service: z.string().max(64).optional() })).max(100).default([]),
   /**
    * `[[steps]]`: one environment, the steps in order (Harbor's multi-step tasks). Each has its own
    * instruction, agent and verifier timeouts, steps/<name>/workdir/ (and its setup.sh) put into the
@@ -335,8 +338,11 @@ export const HarborRun = z.strictObject({
   currentStep: z.string().max(64).optional(),
   /** `multi_step_reward_strategy`: the per-key mean over the steps graded, or the last step graded. */
   stepStrategy: z.enum(['mean', 'final']).optional(),
-  /** `[[verifier.collect]]` of the main service: run in the agent's container after the agent, before anything is copied out (best effort). */
-  collect: z.array(z.strictObject({ command, timeoutSec: seconds, user: z.string().max(65).optional() })).max(20).default([]),
+  /**
+   * `[[verifier.collect]]`: run after the agent, before anything is copied out (best effort), in the
+   * agent's container, or in the task service `service` names.
+   */
+  collect: z.array(z.strictObject({ command, timeoutSec: seconds, user: z.string().max(65).optional(), service: z.string().max(64).optional() })).max(20).default([]),
 }).refine((h) => h.dockerImage !== undefined || h.build !== undefined, 'needs [environment].docker_image or environment/Dockerfile');
 export type HarborRun = z.infer<typeof HarborRun>;
 

@@ -19,6 +19,7 @@ const MEASURED_SEC: Record<string, number> = {
   'test/integration/terminal-bench-1.test.ts': 30,
   'test/integration/harbor-separate-verifier.test.ts': 30,
   'test/integration/harbor-steps.test.ts': 30,
+  'test/integration/harbor-services-modes.test.ts': 25,
   'test/integration/llm-agent.test.ts': 63,
   'test/integration/worker-faults.test.ts': 63,
   'test/integration/evidence.test.ts': 62,

@@ -167,9 +167,13 @@ describe('broken Harbor task folders are refused, naming the file and the field'
       await writeFile(path.join(d, 'tests', 'Dockerfile'), 'FROM ubuntu:24.04\n');
       await writeFile(path.join(d, 'task.toml'), '[verifier]\nenvironment_mode = "shared"\n');
     }, 'task.toml: verifier.environment_mode: "shared" with a verifier environment'],
-    ['an artifact of a sidecar', (d) => writeFile(path.join(d, 'task.toml'), 'artifacts = [{ source = "/data", service = "db" }]\n'), 'task.toml: artifacts.0.service: task services are not supported yet (got "db")'],
+    ['an artifact of a sidecar', (d) => writeFile(path.join(d, 'task.toml'), 'artifacts = [{ source = "/data", service = "db" }]\n'), 'task.toml: artifacts.0.service: no such task service (got "db"; the task has no environment/docker-compose.yaml services)'],
     ['a relative artifact', (d) => writeFile(path.join(d, 'task.toml'), 'artifacts = ["out.txt"]\n'), 'task.toml: artifacts.0.source: an absolute path in the agent\'s container (got "out.txt")'],
-    ['a collect hook of a sidecar', (d) => writeFile(path.join(d, 'task.toml'), '[[verifier.collect]]\ncommand = "true"\nservice = "db"\n'), 'task.toml: verifier.collect.0.service: task services are not supported yet'],
+    ['a collect hook of a sidecar', (d) => writeFile(path.join(d, 'task.toml'), '[[verifier.collect]]\ncommand = "true"\nservice = "db"\n'), 'task.toml: verifier.collect.0.service: no such task service (got "db"'],
+    ['a collect hook of a service the compose file lacks', async (d) => {
+      await writeFile(path.join(d, 'environment', 'docker-compose.yaml'), 'services:\n  api:\n    image: python:3.12-slim\n');
+      await writeFile(path.join(d, 'task.toml'), '[[verifier.collect]]\ncommand = "true"\nservice = "cache"\n');
+    }, 'task.toml: verifier.collect.0.service: no such task service (got "cache"; its services are main, api)'],
     ['task services without services', (d) => writeFile(path.join(d, 'environment', 'docker-compose.yaml'), 'services: {}\n'), 'environment/: docker-compose.yaml: services: a map of services'],
     ['no image at all', (d) => rm(path.join(d, 'environment', 'Dockerfile')), 'environment/: Dockerfile: missing, and task.toml sets no environment.docker_image'],
     ['no test.sh', (d) => rm(path.join(d, 'tests', 'test.sh')), 'tests/: test.sh: missing'],
