@@ -9,8 +9,10 @@
 // - run-tests.sh and tests/ become tests/, with a tests/test.sh of ours that runs run-tests.sh and
 //   grades its output as Terminal-Bench's pytest parser does (below), writing reward.json;
 // - solution.sh becomes solution/solve.sh; solution.yaml's keystrokes are typed into one bash, in order.
-// A compose file asking for more than one container, host paths, privileges or anything else this
-// fleet does not give is refused at enqueue, naming the service and the key.
+// - the services beside the client become environment/docker-compose.yaml's sidecars, the client its
+//   `main` (Harbor's task services: one network namespace per episode, so its networks go).
+// A compose file asking for host paths, privileges or anything else this fleet does not give is
+// refused at enqueue, naming the service and the key.
 // The mapped folder is written once per content into a cache folder (named by the hash of the source
 // folder and of this mapper), never into the task's own folder.
 import { createHash } from 'node:crypto';
@@ -18,14 +20,14 @@ import { chmod, cp, lstat, mkdir, readdir, rename, rm, stat, writeFile } from 'n
 import os from 'node:os';
 import path from 'node:path';
 import { stringify as stringifyToml } from 'smol-toml';
-import { parse as parseYaml } from 'yaml';
+import { parse as parseYaml, stringify as stringifyYaml } from 'yaml';
 import { z } from 'zod';
 import { packFolder, PackRefusal } from '../archive/pack-folder.ts';
 import { printable } from '../errors/printable.ts';
 import { MAX_TASK_ARCHIVE_BYTES, MAX_TASK_ENTRIES } from './pack-task.ts';
 
 /** Bump when the mapping changes: the cache key covers it, so a changed mapper maps again. */
-const MAPPER_VERSION = 'tb1-map-1';
+const MAPPER_VERSION = 'tb1-map-2';
 
 /** The files that make a folder a Terminal-Bench 1 task (with task.yaml, and no workspace/ of ours). */
 export const TB1_FILES = {
@@ -85,11 +87,11 @@ const SolutionYaml = z.array(z.looseObject({
 })).min(1);
 
 /** Keys of the client service: honoured, or accepted and of no effect here (each says why). */
-const HONOURED_KEYS = new Set(['build', 'image', 'environment', 'working_dir', 'entrypoint', 'user']);
+const HONOURED_KEYS = new Set(['build', 'image', 'environment', 'working_dir', 'entrypoint', 'user', 'depends_on', 'volumes']);
 const IGNORED_KEYS: Readonly<Record<string, string>> = {
   container_name: 'the fleet names its containers',
   command: 'the fleet keeps the container alive itself',
-  volumes: 'only Terminal-Bench\'s own log mounts are accepted; /logs is made in the container',
+  networks: 'an episode\'s services share one network namespace: each reaches every other by name',
   expose: 'the agent has no network',
   tty: 'commands run through exec', stdin_open: 'commands run through exec', init: 'the fleet runs its own keep-alive',
   restart: 'an episode\'s container is never restarted', platform: 'the engine\'s platform is used', labels: 'the fleet labels its containers',
@@ -162,7 +164,7 @@ function environmentOf(value: unknown, field: string): [string, string][] {
   return pairs;
 }
 
-/** What the client service asks for, checked. */
+/** What the client service asks for, checked; and the task services beside it, for the Harbor compose file. */
 export interface Tb1Client {
   service: string;
   build?: { context: string; dockerfile: string };
@@ -171,6 +173,43 @@ export interface Tb1Client {
   workingDir?: string;
   entrypoint?: string[];
   user?: string;
+  /** The client's depends_on and named-volume mounts: main's in the Harbor compose file. */
+  dependsOn?: unknown;
+  volumes?: string[];
+  /** The services beside the client, Terminal-Bench's variables filled in, judged later as Harbor compose services. */
+  sidecars?: Record<string, Record<string, unknown>>;
+  /** The file's top-level named volumes. */
+  namedVolumes?: unknown;
+}
+
+/** A log mount of Terminal-Bench's own (a host path of its): accepted and dropped. */
+function isTb1LogMount(volume: string): boolean {
+  const host = volume.split(':')[0] ?? '';
+  return TB1_HOST_PATHS.some((name) => host === `\${${name}}` || host === `$${name}`);
+}
+
+/**
+ * A sidecar's definition with Terminal-Bench's variables filled in (the client's image as Harbor's
+ * ${MAIN_IMAGE_NAME}); other variables are left for the Harbor compose reader, which judges them.
+ * Its container_name and networks go (one namespace per episode), and so do Terminal-Bench's log mounts.
+ */
+function sidecarOf(spec: Record<string, unknown>): Record<string, unknown> {
+  const fill = (v: unknown): unknown => {
+    if (typeof v === 'string') {
+      return v.replace(/\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)/g, (m, braced: string | undefined, bare: string | undefined) => {
+        const name = (braced ?? bare)!;
+        if (name === 'T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME') return '${MAIN_IMAGE_NAME}';
+        return TB1_VARIABLES[name] ?? m;
+      });
+    }
+    if (Array.isArray(v)) return v.map(fill);
+    if (v !== null && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, fill(x)]));
+    return v;
+  };
+  const { container_name: _name, networks: _networks, ...rest } = spec;
+  const out = fill(rest) as Record<string, unknown>;
+  if (Array.isArray(out.volumes)) out.volumes = out.volumes.filter((v) => typeof v !== 'string' || !isTb1LogMount(v));
+  return out;
 }
 
 /** The client service of a Terminal-Bench 1 compose file (`client`, else the only one), or why it is refused. */
@@ -179,17 +218,19 @@ export function readTb1Compose(raw: unknown): Tb1Client {
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new Tb1Problem(file, 'not a mapping of compose keys');
   const top = raw as Record<string, unknown>;
   for (const key of Object.keys(top)) {
-    if (!['services', 'version', 'name'].includes(key)) throw new Tb1Problem(file, `${key}: not supported here (task services, networks and volumes of several containers are not supported yet)`);
+    // networks: dropped (one namespace per episode); volumes: the named volumes services share.
+    if (!['services', 'version', 'name', 'volumes', 'networks'].includes(key)) throw new Tb1Problem(file, `${printable(key)}: not supported here`);
   }
   const services = top.services;
   if (services === null || typeof services !== 'object' || Array.isArray(services) || Object.keys(services).length === 0) {
     throw new Tb1Problem(file, 'services: missing or empty (Terminal-Bench 1 runs the `client` service)');
   }
   const names = Object.keys(services);
-  if (names.length > 1) {
-    throw new Tb1Problem(file, `services: ${names.map((n) => printable(n)).join(', ')}: task services beside the client are not supported yet; give the task one container`);
+  if (names.length > 1 && !names.includes('client')) {
+    throw new Tb1Problem(file, `services: ${names.map((n) => printable(n)).join(', ')}: no \`client\` service (the agent's container, in Terminal-Bench 1)`);
   }
-  const service = names[0]!;
+  const service = names.includes('client') ? 'client' : names[0]!;
+  if (names.includes('main') && service !== 'main') throw new Tb1Problem(file, 'services.main: the agent\'s container is `main` in the Harbor task this maps to: rename the service');
   const spec = (services as Record<string, unknown>)[service];
   if (spec === null || typeof spec !== 'object' || Array.isArray(spec)) throw new Tb1Problem(file, `services.${printable(service)}: not a mapping`);
   const at = `services.${printable(service)}`;
@@ -198,13 +239,29 @@ export function readTb1Compose(raw: unknown): Tb1Client {
     if (HONOURED_KEYS.has(key) || key in IGNORED_KEYS) continue;
     throw new Tb1Problem(file, `${at}.${printable(key)}: not supported (a sandbox gets no privileges, devices, host namespaces, host paths or published ports)`);
   }
+  const named: string[] = [];
   for (const [i, volume] of (s.volumes === undefined ? [] : strings(s.volumes, `${at}.volumes`)).entries()) {
-    const host = volume.split(':')[0] ?? '';
-    if (!TB1_HOST_PATHS.some((name) => host === `\${${name}}` || host === `$${name}`)) {
-      throw new Tb1Problem(file, `${at}.volumes.${i}: ${JSON.stringify(printable(volume))}: only Terminal-Bench's own log mounts are accepted (a sandbox mounts no host path or volume)`);
+    if (isTb1LogMount(volume)) continue;
+    // A named volume of the file (`data:/data[:ro]`), shared with the services that mount it.
+    if (/^[A-Za-z0-9][A-Za-z0-9_.-]*:\//.test(volume)) {
+      named.push(volume);
+      continue;
     }
+    throw new Tb1Problem(file, `${at}.volumes.${i}: ${JSON.stringify(printable(volume))}: only Terminal-Bench's own log mounts and named volumes are accepted (a sandbox mounts no host path)`);
   }
   const client: Tb1Client = { service, environment: s.environment === undefined ? [] : environmentOf(s.environment, `${at}.environment`) };
+  if (named.length > 0) client.volumes = named;
+  if (s.depends_on !== undefined) client.dependsOn = s.depends_on;
+  const sidecars = names.filter((n) => n !== service);
+  if (sidecars.length > 0) {
+    client.sidecars = {};
+    for (const n of sidecars) {
+      const spec = (services as Record<string, unknown>)[n];
+      if (spec === null || typeof spec !== 'object' || Array.isArray(spec)) throw new Tb1Problem(file, `services.${printable(n)}: not a mapping`);
+      client.sidecars[n] = sidecarOf(spec as Record<string, unknown>);
+    }
+  }
+  if (top.volumes !== undefined) client.namedVolumes = top.volumes;
   if (s.build !== undefined) {
     const b = typeof s.build === 'string' ? { context: s.build } : s.build;
     if (b === null || typeof b !== 'object') throw new Tb1Problem(file, `${at}.build: a context path or a mapping (got ${typeof s.build})`);
@@ -397,6 +454,7 @@ export async function mapTerminalBench1(dir: string, read: ReadText, cacheDir = 
       await rm(path.join(env, 'Dockerfile'), { force: true });
       await writeFile(path.join(env, 'Dockerfile'), `${body}${dockerfileLines(client).join('\n')}\n`);
     }
+    if (client.sidecars !== undefined) await writeServices(dir, client, contextDir, env);
     const tests = path.join(work, 'tests');
     if (await exists(path.join(dir, 'tests'))) await cp(path.join(dir, 'tests'), tests, { recursive: true, verbatimSymlinks: true });
     else await mkdir(tests);
@@ -421,6 +479,43 @@ export async function mapTerminalBench1(dir: string, read: ReadText, cacheDir = 
     throw err;
   }
   return mapped;
+}
+
+/**
+ * environment/docker-compose.yaml of the mapped task: the client as `main` (its depends_on and named
+ * volumes), the sidecars as they were written, a build context of theirs inside environment/ (the
+ * client's context is copied there; any other folder of the task is copied under .tb1-services/).
+ * What Harbor's compose reader refuses is refused when the mapped task loads, naming the service and key.
+ */
+async function writeServices(dir: string, client: Tb1Client, clientContext: string | undefined, env: string): Promise<void> {
+  const sidecars: Record<string, Record<string, unknown>> = {};
+  for (const [name, spec] of Object.entries(client.sidecars ?? {})) {
+    const out = { ...spec };
+    if (out.build !== undefined) {
+      const b = typeof out.build === 'string' ? { context: out.build } : out.build;
+      if (b !== null && typeof b === 'object' && !Array.isArray(b)) {
+        const at = `services.${printable(name)}.build.context`;
+        const { context = '.', ...rest } = b as Record<string, unknown>;
+        if (typeof context !== 'string') throw new Tb1Problem('docker-compose.yaml', `${at}: a path (got ${typeof context})`);
+        const source = path.join(dir, inside(context, at));
+        if (!(await stat(source).then((st) => st.isDirectory(), () => false))) throw new Tb1Problem('docker-compose.yaml', `${at}: ${JSON.stringify(printable(context))} is not a folder of the task`);
+        const within = clientContext === undefined ? undefined : path.relative(clientContext, source);
+        let mapped: string;
+        if (within !== undefined && !within.startsWith('..') && !path.isAbsolute(within)) mapped = `./${within}`;
+        else {
+          mapped = `./.tb1-services/${name.replace(/[^A-Za-z0-9_.-]/g, '_')}`;
+          await cp(source, path.join(env, mapped), { recursive: true, verbatimSymlinks: true });
+        }
+        out.build = { ...rest, context: mapped };
+      }
+    }
+    sidecars[name] = out;
+  }
+  const main: Record<string, unknown> = {};
+  if (client.dependsOn !== undefined) main.depends_on = client.dependsOn;
+  if (client.volumes !== undefined) main.volumes = client.volumes;
+  const compose = { services: { main, ...sidecars }, ...(client.namedVolumes !== undefined && { volumes: client.namedVolumes }) };
+  await writeFile(path.join(env, 'docker-compose.yaml'), `# Written by rollout-fleet from a Terminal-Bench 1 docker-compose.yaml: its client is main.\n${stringifyYaml(compose)}`);
 }
 
 /** True when `dir` holds a Terminal-Bench 1 task: task.yaml with a compose file or run-tests.sh, and no workspace/ of ours. */

@@ -60,17 +60,33 @@ describe('the compose file of a Terminal-Bench 1 task', () => {
     expect(readTb1Compose(template())).toEqual({ service: 'client', build: { context: '.', dockerfile: 'Dockerfile' }, environment: [['TEST_DIR', '/tests']] });
   });
 
+  it('takes the services beside the client as sidecars: Terminal-Bench\'s variables filled in, names and networks dropped', () => {
+    const c = template();
+    const read = readTb1Compose({
+      services: {
+        client: { ...c.services.client, depends_on: ['db'], networks: ['t'], volumes: [...c.services.client.volumes, 'data:/data'] },
+        db: { image: '${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}', container_name: '${T_BENCH_TASK_DOCKER_NAME_PREFIX}__db', networks: ['t'], environment: { LOGS: '${T_BENCH_CONTAINER_LOGS_PATH}', OTHER: '${HOME:-x}' }, volumes: ['${T_BENCH_TASK_LOGS_PATH}:/logs', 'data:/var/db'] },
+      },
+      networks: { t: {} },
+      volumes: { data: {} },
+    });
+    expect(read).toMatchObject({ service: 'client', dependsOn: ['db'], volumes: ['data:/data'], namedVolumes: { data: {} } });
+    expect(read.sidecars).toEqual({ db: { image: '${MAIN_IMAGE_NAME}', environment: { LOGS: '/logs', OTHER: '${HOME:-x}' }, volumes: ['data:/var/db'] } });
+  });
+
   const refusals: [string, (c: ReturnType<typeof template>) => unknown, RegExp][] = [
     ['privileged', (c) => ({ ...c, services: { client: { ...c.services.client, privileged: true } } }), /services\.client\.privileged: not supported/],
     ['cap_add', (c) => ({ ...c, services: { client: { ...c.services.client, cap_add: ['SYS_ADMIN'] } } }), /services\.client\.cap_add/],
     ['network_mode host', (c) => ({ ...c, services: { client: { ...c.services.client, network_mode: 'host' } } }), /services\.client\.network_mode/],
     ['published ports', (c) => ({ ...c, services: { client: { ...c.services.client, ports: ['8080:80'] } } }), /services\.client\.ports/],
     ['a host path', (c) => ({ ...c, services: { client: { ...c.services.client, volumes: ['/var/run/docker.sock:/var/run/docker.sock'] } } }), /services\.client\.volumes\.0: .*docker\.sock.*only Terminal-Bench's own log mounts/],
-    ['a sidecar', (c) => ({ services: { ...c.services, db: { image: 'postgres' } } }), /services: client, db: task services beside the client are not supported yet/],
+    ['several services and none is the client', () => ({ services: { web: { image: 'a' }, db: { image: 'postgres' } } }), /services: web, db: no `client` service/],
+    ['a service named main beside the client', (c) => ({ services: { ...c.services, main: { image: 'a' } } }), /services\.main: the agent's container is `main`/],
+    ['a volume that is neither a log mount nor named', (c) => ({ services: { client: { ...c.services.client, volumes: ['./data:/data'] } } }), /services\.client\.volumes\.0: .*only Terminal-Bench's own log mounts and named volumes/],
     ['a build context outside the folder', (c) => ({ services: { client: { ...c.services.client, build: { context: '../..' } } } }), /build\.context: "\.\.\/\.\." is outside the task folder/],
     ['build args', (c) => ({ services: { client: { ...c.services.client, build: { context: '.', args: { A: '1' } } } } }), /build\.args: not supported/],
     ['a variable of the host', (c) => ({ services: { client: { ...c.services.client, environment: ['KEY=${OPENAI_API_KEY}'] } } }), /environment\.0: \$\{OPENAI_API_KEY\} is not a Terminal-Bench variable/],
-    ['top-level networks', (c) => ({ ...c, networks: { x: {} } }), /^networks: not supported/],
+    ['top-level configs', (c) => ({ ...c, configs: { x: {} } }), /^configs: not supported/],
     ['the template image without a build', (c) => ({ services: { client: { image: c.services.client.image } } }), /services\.client\.build: missing/],
   ];
   for (const [what, make, message] of refusals) {
@@ -94,6 +110,16 @@ describe('mapping a folder', () => {
     // Loading again reuses the mapped folder; the task's own folder is never written.
     expect((await loadTask(path.join(FIXTURES, 'count-words'))).dir).toBe(task.dir);
     expect((await readdir(path.join(FIXTURES, 'count-words'))).sort()).toEqual(['Dockerfile', 'docker-compose.yaml', 'run-tests.sh', 'solution.sh', 'task.yaml', 'tests', 'words.txt']);
+  });
+
+  it('writes the services beside the client into environment/docker-compose.yaml, the client as main', async () => {
+    const task = await loadTask(path.join(FIXTURES, 'with-server'));
+    const compose = await readFile(path.join(task.dir, 'environment', 'docker-compose.yaml'), 'utf8');
+    expect(compose).toMatch(/^services:\n {2}main:\n {4}depends_on:\n {6}server:\n {8}condition: service_healthy$/m);
+    expect(compose).toMatch(/^ {2}server:\n {4}build:\n {6}context: \.\/server$/m);
+    expect(compose).not.toMatch(/networks|container_name/);
+    expect(task.spec.harbor?.services?.sidecars.map((s) => s.name)).toEqual(['server']);
+    expect(task.spec.harbor?.services?.main.dependsOn).toEqual([{ service: 'server', condition: 'service_healthy' }]);
   });
 
   it('names the file and the field of what is wrong', async () => {
