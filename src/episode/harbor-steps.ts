@@ -1,8 +1,9 @@
 // A Harbor multi-step task (`[[steps]]`), as Harbor's multi-step trial runs it (H:trial/multi_step.py):
 // one environment for every step, in order. Per step: /logs/agent emptied, steps/<name>/workdir/ put
 // into the workdir and its setup.sh run, the step's healthcheck, the agent with the step's instruction
-// under the step's timeout, then the shared verifier with the task's tests/ and the step's tests/ over
-// them (/logs/verifier and /tests emptied first). A step whose reward misses its `min_reward` stops the
+// under the step's timeout, then the verifier with the task's tests/ and the step's tests/ over them
+// (/logs/verifier and /tests emptied first): shared, or a separate verifier's container per step, the
+// agent's environment stopped only after the last step. A step whose reward misses its `min_reward` stops the
 // steps after it. The episode's reward is the per-key mean over the steps graded (`mean`, Harbor's
 // default) or the last step graded (`final`); each step's own reward is kept as metric `steps.<name>`.
 // Where Harbor records a step's grading failure and aggregates the others, here it ends the episode
@@ -35,7 +36,8 @@ const ROOT = { uid: 0, gid: 0 } as const;
 /** The task a step runs as: its instruction, its timeouts as the agent's ceiling and the verifier's, its users and env. */
 export function stepTask(task: TaskSpec, harbor: HarborRun, step: Step): TaskSpec {
   const { setupSec, closeSec } = task.reserves;
-  const verifySec = step.verifierTimeoutSec + 10;
+  // A separate verifier also runs the collect hooks and creates its container within the reserve, as for the task.
+  const verifySec = step.verifierTimeoutSec + 10 + (harbor.separateVerifier ? 30 + harbor.collect.reduce((sum, c) => sum + c.timeoutSec, 0) : 0);
   return {
     ...task,
     instruction: step.instruction,
@@ -100,11 +102,13 @@ export async function runHarborSteps(
     attempt.onPhase?.('verify');
     const tVerify = performance.now();
     // The model stays for the steps after this one: it goes before the last step is graded.
-    const grade = await verifyHarbor(ran, deps, { ...made, proxy: last ? made.proxy : undefined }, session, trail, agentRun, ranHarbor, ['tests', `steps/${step.name}/tests`])
+    // A separate verifier stops the agent's environment only after the last step (as Harbor's does).
+    const grade = await verifyHarbor(ran, deps, { ...made, proxy: last ? made.proxy : undefined }, session, trail, agentRun, ranHarbor, ['tests', `steps/${step.name}/tests`], last)
       .finally(() => (trail.timings.verifyMs! += msSince(tVerify)));
     const metrics = grade.metrics ?? { reward: grade.reward ?? 0 };
     graded.push({ name: step.name, reward: grade.reward ?? 0, metrics });
-    await keepStepLogs(session, step.name, attempt.signal);
+    // The last step's logs stay in /logs/agent and /logs/verifier; a stopped container takes no exec.
+    if (!(last && harbor.separateVerifier)) await keepStepLogs(session, step.name, attempt.signal);
     const missed = missedGate(step.minReward, metrics);
     if (missed !== undefined) {
       deps.log.info({ step: step.name, missed }, 'a step missed its min_reward: the steps after it do not run');

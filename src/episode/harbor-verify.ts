@@ -30,6 +30,8 @@ export async function verifyHarbor(
   harbor: HarborRun,
   /** The folders of the task that make /tests, in order (a multi-step task's step puts its own over the task's). */
   testsParts: readonly string[] = ['tests'],
+  /** Whether a separate verifier stops the agent's environment (not before the last step of several). */
+  stopsAgent = true,
 ): Promise<Graded> {
   const task: TaskSpec = attempt.job.task;
   const deadline = new Deadline('verify', task.reserves.verifySec * 1000, attempt.signal);
@@ -38,7 +40,7 @@ export async function verifyHarbor(
     if (!before.running && before.initOomKilled) throw new FleetError('agent_crashed', 'the sandbox ran out of memory under the agent and its init was killed');
     if (harbor.separateVerifier !== undefined) {
       // Harbor's separate mode: the grader runs in a container of its own (separate-verifier.ts).
-      const { reward, metrics } = await verifySeparately(attempt, deps, made, session, trail, harbor, deadline);
+      const { reward, metrics } = await verifySeparately(attempt, deps, made, session, trail, harbor, deadline, { testsParts, stopsAgent });
       return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
     }
     // Every process of every user stops; files stay. The model goes before anything is graded.

@@ -56,6 +56,8 @@ export async function verifySeparately(
   trail: Pick<AttemptTrail, 'verifyRun'>,
   harbor: HarborRun,
   deadline: Deadline,
+  /** The task's folders that make /tests (a step's over the task's), and whether the agent's environment stops (not between steps). */
+  opts: { testsParts: readonly string[]; stopsAgent: boolean } = { testsParts: ['tests'], stopsAgent: true },
 ): Promise<Reward> {
   const task: TaskSpec = attempt.job.task;
   const separate = harbor.separateVerifier!;
@@ -94,9 +96,12 @@ export async function verifySeparately(
   }
   // 3. The agent's container stops (a reward file planted in its /logs/verifier goes first), its task
   //    services too (the verifier does not join them, as in Harbor); the model too.
+  //    Between the steps of a multi-step task the environment goes on (the next step's agent works in it).
   await asRootIn(session, 'emptying the agent\'s /logs/verifier', HARBOR_VERIFIER_RESET);
-  await deadline.run('stopping the agent\'s container', (signal) => session.kill(signal));
-  if (services) await deadline.run('stopping the task services', (signal) => killServices(servicesDeps, services, signal));
+  if (opts.stopsAgent) {
+    await deadline.run('stopping the agent\'s container', (signal) => session.kill(signal));
+    if (services) await deadline.run('stopping the task services', (signal) => killServices(servicesDeps, services, signal));
+  }
   await deadline.run('closing the model proxy', async () => made.proxy?.close());
 
   // 4. The verifier's own container, owned by the episode (its labels let the reaper find it).
@@ -131,9 +136,11 @@ export async function verifySeparately(
     }
     // Harbor's verifier image holds /tests/test.sh; one that does not gets tests/ (never the agent's container).
     const hasTests = await deadline.run('looking for /tests/test.sh', (signal) => v.exec(`test -f ${TESTS_DIR}/test.sh`, { timeoutMs: 30_000, capBytes: 1024, user: '0', workdir: '/', signal }));
-    if (hasTests.exitCode !== 0) {
-      const tests = await made.archive.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
-      await deadline.run('copying the tests in', (signal) => v.putArchive(tests, '/', signal));
+    // A step's own tests/ go over them either way.
+    const parts = hasTests.exitCode === 0 ? opts.testsParts.filter((p) => p !== 'tests') : opts.testsParts;
+    for (const part of parts.filter((p) => made.archive.has(p))) {
+      const tests = await made.archive.partAsTar(part, TESTS_DIR, ROOT_OWNER);
+      await deadline.run(`copying ${part}/ in`, (signal) => v.putArchive(tests, '/', signal));
     }
     await asRootIn(v, 'making test.sh executable', `chmod +x ${TESTS_DIR}/test.sh`);
     await runVerifier(v, deadline, trail, task.verify.command, task.verify.timeoutSec, {

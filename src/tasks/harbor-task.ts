@@ -211,7 +211,6 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
       has: { workdir: dir.has.workdir, setup: dir.has.setup, tests: dir.has.tests, solution: dir.has.solution },
     };
   });
-  if (multiStep && separate) problems.push({ file: 'task.toml', message: 'steps: a multi-step task with a separate verifier is not supported yet' });
   const instruction = multiStep && folder.instruction.trim() === '' ? (steps[0]?.instruction ?? '') : checkInstruction(folder.instruction, 'instruction.md');
 
   const agentEnv = resolveEnv(env.env, 'environment.env', host, problems);

@@ -37,6 +37,11 @@ describe('Harbor multi-step tasks', () => {
     const logs = path.join(env.dataDir, 'evidence', gated.episodeId, 'attempt-1', 'logs', 'steps');
     expect((await readdir(logs)).sort()).toEqual(['one', 'two']);
     expect((await readdir(path.join(logs, 'two', 'verifier'))).sort()).toContain('reward.txt');
+    // A separate verifier per step: each grades in a fresh container (the agent's private file unseen),
+    // and step two still works on in step one's environment.
+    expect(byTask.get('separate-steps'), JSON.stringify(byTask.get('separate-steps')?.error)).toMatchObject({
+      status: 'passed', reward: 1, metrics: { reward: 1, fresh: 1, 'steps.one': 1, 'steps.two': 1 },
+    });
   });
 
   it('an agent that does nothing fails every step (final strategy: the last step\'s reward)', async () => {
@@ -46,6 +51,7 @@ describe('Harbor multi-step tasks', () => {
     const gated = byTask.get('gated-three')!;
     expect(gated).toMatchObject({ status: 'failed', reward: 0, metrics: { 'steps.one': 0, 'steps.two': 0 } });
     expect(gated.metrics).not.toHaveProperty('steps.three');
+    expect(byTask.get('separate-steps')).toMatchObject({ status: 'failed', reward: 0, metrics: { fresh: 1, 'steps.one': 0, 'steps.two': 0 } });
   });
 });
 

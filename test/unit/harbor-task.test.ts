@@ -158,11 +158,11 @@ describe('broken Harbor task folders are refused, naming the file and the field'
       await writeFile(path.join(d, 'task.toml'), '[[steps]]\nname = "one"\n');
     }, 'steps/one: instruction.md: missing'],
     ['a step name that is a path', (d) => writeFile(path.join(d, 'task.toml'), '[[steps]]\nname = "../up"\n'), 'task.toml: steps.0.name: a step name'],
-    ['a multi-step task with a separate verifier', async (d) => {
+    ['a step with artifacts of its own', async (d) => {
       await mkdir(path.join(d, 'steps', 'one'), { recursive: true });
       await writeFile(path.join(d, 'steps', 'one', 'instruction.md'), 'x\n');
-      await writeFile(path.join(d, 'task.toml'), '[verifier]\nenvironment_mode = "separate"\n\n[[steps]]\nname = "one"\n');
-    }, 'task.toml: steps: a multi-step task with a separate verifier is not supported yet'],
+      await writeFile(path.join(d, 'task.toml'), '[verifier]\nenvironment_mode = "separate"\n\n[[steps]]\nname = "one"\nartifacts = ["/app/x"]\n');
+    }, 'task.toml: steps.0.artifacts: per-step artifacts are not supported yet (got 1)'],
     ['a shared verifier with an environment of its own', async (d) => {
       await writeFile(path.join(d, 'tests', 'Dockerfile'), 'FROM ubuntu:24.04\n');
       await writeFile(path.join(d, 'task.toml'), '[verifier]\nenvironment_mode = "shared"\n');
