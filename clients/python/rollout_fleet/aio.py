@@ -234,7 +234,7 @@ class AsyncResultStream:
                 path, headers = results_path(self.batch_id, self.media, self.cursor)
                 response = await self._client._open("GET", path, None, headers)
                 if response.status >= 400:
-                    raise FleetApiError("GET", path, response.status, await response.body(), sent={"after": self.cursor})
+                    raise FleetApiError("GET", path, response.status, await response.body(), sent={"after": self.cursor, "Last-Event-ID": self.cursor})
                 parser = StreamParser(self.media)
                 async for chunk in response.chunks():
                     for event in parser.feed(chunk):

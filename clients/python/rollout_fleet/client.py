@@ -212,7 +212,7 @@ class ResultStream:
             conn.request("GET", e.prefix + path, headers=e.headers(extra))
             response = conn.getresponse()
             if response.status >= 400:
-                raise FleetApiError("GET", path, response.status, response.read(), sent={"after": self.cursor})
+                raise FleetApiError("GET", path, response.status, response.read(), sent={"after": self.cursor, "Last-Event-ID": self.cursor})
             parser = StreamParser(self.media)
             while True:
                 chunk = response.read1(65536)

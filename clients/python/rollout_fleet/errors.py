@@ -42,7 +42,11 @@ class FleetApiError(FleetError):
             self.value = found
         else:
             got = _GOT.search(self.message.split("\n")[0])
-            self.value = got.group(1) if got else None
+            if got is not None:
+                try:
+                    self.value = json.loads(got.group(1))
+                except ValueError:
+                    self.value = got.group(1)
         where = " (field: %s)" % self.field if self.field else ""
         super().__init__("%s %s: HTTP %d: %s%s" % (method, path, status, self.message, where))
 
