@@ -81,6 +81,12 @@ const BatchList = z.object({
   next: z.string().optional().describe('the page token for the next page (`?after=`); absent on the last page'),
 });
 const BatchCreated = z.object({ batchId: z.string(), episodes: z.number().int(), added: z.boolean(), episodeIds: z.array(z.string()) });
+const RetryReportBody = z.object({
+  requeued: z.array(z.string()).describe('episodes put back on the queue'),
+  missing: z.array(z.string()).describe('episodes of that kind whose job is no longer kept: not retried'),
+  pending: z.array(z.string()).describe('episodes whose job is not finished (a retry already requeued it)'),
+});
+const CancelReply = z.object({ outcomes: z.record(z.string(), z.enum(['cancelled', 'cancelling', 'closing', 'ended', 'unknown'])).describe('the outcome per episode') });
 const CancelRequest = z.strictObject({ episodeIds: z.array(z.string().regex(EPISODE_ID_PATTERN)).max(100_000).optional() });
 const RetryRequest = z.strictObject({ kind: z.enum(FAILURE_KINDS) });
 
@@ -104,7 +110,7 @@ export function openApiDocument(): Record<string, unknown> {
         StoredTask: schema(StoredTaskBody), BatchRequest: schema(BatchRequest), BatchCreated: schema(BatchCreated),
         CancelRequest: schema(CancelRequest), RetryRequest: schema(RetryRequest), EpisodeResult: schema(EpisodeResult),
         BatchSummary: schema(BatchSummaryBody), EndEvent: schema(EndEvent), KeepAliveEvent: schema(KeepAliveEvent),
-        BatchList: schema(BatchList), BatchListing: schema(BatchListing),
+        BatchList: schema(BatchList), BatchListing: schema(BatchListing), RetryReport: schema(RetryReportBody), CancelReply: schema(CancelReply),
       },
     },
     security: [{ bearer: [] }],
@@ -162,10 +168,10 @@ export function openApiDocument(): Record<string, unknown> {
         },
       },
       '/v1/batches/{batchId}/cancel': {
-        post: { summary: 'Cancel the batch (or the episodes named): queued ones at once, running ones at their next step', parameters: [batch], requestBody: { required: false, ...json('CancelRequest') }, responses: { 200: { description: 'outcome per episode' }, 400: fault('malformed'), 404: fault('no such batch'), ...common } },
+        post: { summary: 'Cancel the batch (or the episodes named): queued ones at once, running ones at their next step', parameters: [batch], requestBody: { required: false, ...json('CancelRequest') }, responses: { 200: { description: 'outcome per episode', ...json('CancelReply') }, 400: fault('malformed'), 404: fault('no such batch'), ...common } },
       },
       '/v1/batches/{batchId}/retry': {
-        post: { summary: 'Run again the episodes that failed with a kind', parameters: [batch], requestBody: { required: true, ...json('RetryRequest') }, responses: { 200: { description: 'requeued, missing and pending episode ids' }, 400: fault('malformed'), 404: fault('no such batch'), ...common } },
+        post: { summary: 'Run again the episodes that failed with a kind', parameters: [batch], requestBody: { required: true, ...json('RetryRequest') }, responses: { 200: { description: 'requeued, missing and pending episode ids', ...json('RetryReport') }, 400: fault('malformed'), 404: fault('no such batch'), ...common } },
       },
       '/v1/batches/{batchId}/episodes/{episodeId}': {
         get: { summary: "The episode's result", parameters: episode, responses: { 200: { description: 'result', ...json('EpisodeResult') }, 404: fault('no such episode, or no result yet'), ...common } },

@@ -230,6 +230,7 @@ class KeepAliveEvent:
     raw: Dict[str, Any] = _raw()
 
 
+@schema("RetryReport")
 @dataclasses.dataclass
 class RetryReport:
     """What a retry by kind did: episodes requeued, past retention (missing), or still pending."""

@@ -3,11 +3,14 @@ runs this with a fresh venv's python).
 
     fleet_checks.py stream  --api URL --batch ID --mode sync|async --media sse|ndjson --report FILE
     fleet_checks.py surface --api URL --tasks DIR --batch ID --report FILE
+    fleet_checks.py policy  --api URL --endpoint NAME --report FILE
 
 ``stream`` reads the batch's results to the end and writes every event received, in order, with the
 number of reconnects and the summary the end event carried. ``surface`` exercises the other calls
 (upload, create, status, listing, cancel, retry, errors naming the field) and writes what they
-answered.
+answered. ``policy`` sets and reads an endpoint's policy version (PUT/GET
+/v1/endpoints/{endpoint}/policy-version), sync and asyncio: what it read before any was set, after
+setting 3 and 5, after trying 4 (lower: 409), and a negative version (400 naming the field).
 """
 from __future__ import annotations
 
@@ -113,11 +116,37 @@ def surface(args: argparse.Namespace) -> Dict[str, Any]:
     return out
 
 
+def policy(args: argparse.Namespace) -> Dict[str, Any]:
+    fleet = FleetClient(args.api, timeout=args.timeout)
+    out: Dict[str, Any] = {"before": fleet.get_policy_version(args.endpoint)}
+    three = fleet.set_policy_version(args.endpoint, 3)
+    out["set3"] = {"type": type(three).__name__, "endpoint": three.endpoint, "version": three.version, "setAt": three.set_at}
+    got = fleet.get_policy_version(args.endpoint)
+    out["get3"] = None if got is None else {"version": got.version, "setAt": got.set_at}
+    out["lower"] = error_of(lambda: fleet.set_policy_version(args.endpoint, 2))
+    out["negative"] = error_of(lambda: fleet.set_policy_version(args.endpoint, -1))
+
+    async def aio() -> Dict[str, Any]:
+        a = AsyncFleetClient(args.api, timeout=args.timeout)
+        five = await a.set_policy_version(args.endpoint, 5)
+        now = await a.get_policy_version(args.endpoint)
+        try:
+            await a.set_policy_version(args.endpoint, 4)
+            lower: Dict[str, Any] = {"status": None}
+        except FleetApiError as e:
+            lower = {"status": e.status, "field": e.field}
+        return {"set5": five.version, "get5": None if now is None else now.version, "lower": lower}
+
+    out["async"] = asyncio.run(aio())
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=["stream", "surface"])
+    parser.add_argument("what", choices=["stream", "surface", "policy"])
     parser.add_argument("--api", required=True)
-    parser.add_argument("--batch", required=True)
+    parser.add_argument("--batch")
+    parser.add_argument("--endpoint", default="default")
     parser.add_argument("--mode", choices=["sync", "async"], default="sync")
     parser.add_argument("--media", choices=["sse", "ndjson"], default="sse")
     parser.add_argument("--tasks")
@@ -127,7 +156,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=30)
     parser.add_argument("--report", required=True)
     args = parser.parse_args()
-    out = stream(args) if args.what == "stream" else surface(args)
+    out = {"stream": stream, "surface": surface, "policy": policy}[args.what](args)
     with open(args.report, "w") as f:
         json.dump(out, f, indent=1)
     return 0
