@@ -118,7 +118,8 @@ def surface(args: argparse.Namespace) -> Dict[str, Any]:
 
 def policy(args: argparse.Namespace) -> Dict[str, Any]:
     fleet = FleetClient(args.api, timeout=args.timeout)
-    out: Dict[str, Any] = {"before": fleet.get_policy_version(args.endpoint)}
+    before = fleet.get_policy_version(args.endpoint)
+    out: Dict[str, Any] = {"before": None if before is None else before.version}
     three = fleet.set_policy_version(args.endpoint, 3)
     out["set3"] = {"type": type(three).__name__, "endpoint": three.endpoint, "version": three.version, "setAt": three.set_at}
     got = fleet.get_policy_version(args.endpoint)
