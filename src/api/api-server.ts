@@ -15,7 +15,7 @@ import { z } from 'zod';
 import { EpisodeResult, EpisodeStatus } from '../episode/episode-job.ts';
 import { PHASES } from '../results/batch-summary.ts';
 import { isCursor, type FleetClient } from '../client/fleet-client.ts';
-import { describeIssues } from '../config/zod-issues.ts';
+import { describeIssues, shownValue } from '../config/zod-issues.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { FAILURE_KINDS } from '../errors/failure-kind.ts';
 import { printable } from '../errors/printable.ts';
@@ -223,8 +223,9 @@ function answerError(res: Response, err: unknown, log: Logger): void {
     fail(res, 400, `body: ${jsonKind((err as { body?: unknown }).body)}`, 'body');
     return;
   }
-  if (bodyError.type === 'request.aborted' || bodyError.type === 'stream.not.readable') {
-    res.end();
+  // The client hung up mid-body: nobody is left to answer, and it is no fault of the server's.
+  if (bodyError.type === 'request.aborted') {
+    res.destroy();
     return;
   }
   if (err instanceof FleetError && ['invalid_task', 'task_archive_missing', 'image_not_found'].includes(err.code)) {
@@ -437,7 +438,7 @@ export function createApiApp(opts: ApiOptions): express.Express {
       throw new ApiError(400, 'limit', `limit: expected a whole number from 1 to ${MAX_PAGE} (got ${JSON.stringify(String(rawLimit).slice(0, 20))})`);
     }
     if (after !== undefined && (typeof after !== 'string' || !BATCH_ID.test(after))) {
-      throw new ApiError(400, 'after', `after: not a page token (a batch id from a previous page's next) (got ${JSON.stringify(String(after).slice(0, 80))})`);
+      throw new ApiError(400, 'after', `after: not a page token (a batch id from a previous page's next) (got ${shownValue(String(after))})`);
     }
     try {
       res.json(await client.listBatches({ limit: rawLimit === undefined ? DEFAULT_PAGE : Number(rawLimit), ...(after !== undefined && { after }) }));
@@ -507,22 +508,22 @@ export function createApiApp(opts: ApiOptions): express.Express {
     // Accept's q-values decide (text/event-stream;q=0 is a no); no Accept, or */*, is NDJSON.
     const media = req.accepts(['application/x-ndjson', 'text/event-stream']);
     if (media === false) {
-      throw new ApiError(406, 'accept', `accept: expected text/event-stream or application/x-ndjson (got ${JSON.stringify(String(req.headers.accept).slice(0, 80))})`);
+      throw new ApiError(406, 'accept', `accept: expected text/event-stream or application/x-ndjson (got ${shownValue(String(req.headers.accept))})`);
     }
     const sse = media === 'text/event-stream';
     const header = req.headers['last-event-id'];
     const lastEventId = typeof header === 'string' && header !== '' ? header : undefined;
     const query = typeof req.query.after === 'string' ? req.query.after : undefined;
     if (lastEventId !== undefined && query !== undefined && lastEventId !== query) {
-      throw new ApiError(400, 'after', `after: differs from the Last-Event-ID header (${JSON.stringify(query.slice(0, 80))} and ${JSON.stringify(lastEventId.slice(0, 80))}): send one, or the same cursor in both`);
+      throw new ApiError(400, 'after', `after: differs from the Last-Event-ID header (${shownValue(query)} and ${shownValue(lastEventId)}): send one, or the same cursor in both`);
     }
     const after = lastEventId ?? query ?? '0';
     const field = lastEventId !== undefined ? 'Last-Event-ID' : 'after';
-    if (!isCursor(after)) throw new ApiError(400, field, `${field}: not a cursor: expected an event id this stream sent, or 0 (got ${JSON.stringify(after.slice(0, 80))})`);
+    if (!isCursor(after)) throw new ApiError(400, field, `${field}: not a cursor: expected an event id this stream sent, or 0 (got ${shownValue(after)})`);
     await needBatch(batchId);
     // A cursor of another batch, or past this one's end, would skip every result: refused, not followed.
     if (!(await client.knowsCursor(batchId, after))) {
-      throw new ApiError(400, field, `${field}: not a cursor this batch's stream sent (another batch's, or past its end): expected an event id of batch ${batchId}, or 0 (got ${JSON.stringify(after.slice(0, 80))})`);
+      throw new ApiError(400, field, `${field}: not a cursor this batch's stream sent (another batch's, or past its end): expected an event id of batch ${batchId}, or 0 (got ${shownValue(after)})`);
     }
     const gone = new AbortController();
     res.on('close', () => gone.abort());

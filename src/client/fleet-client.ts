@@ -10,6 +10,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import { EPISODES_QUEUE, type EpisodeResult } from '../episode/episode-job.ts';
 import { connectRedis } from './connect-redis.ts';
+import { shownValue } from '../config/zod-issues.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
 import type { FailureKind } from '../errors/failure-kind.ts';
 import { cancelEpisode, type CancelOutcome } from '../producer/cancel-episodes.ts';
@@ -241,7 +242,7 @@ export class FleetClient {
    */
   async listBatches(opts: { limit?: number; after?: string } = {}): Promise<{ batches: BatchListing[]; next?: string }> {
     const page = await this.store.pageBatches(opts.limit ?? 100, opts.after);
-    if (page === undefined) throw new TypeError(`after: not a batch of this fleet's listing (got ${JSON.stringify((opts.after ?? '').slice(0, 80))})`);
+    if (page === undefined) throw new TypeError(`after: not a batch of this fleet's listing (got ${shownValue(opts.after ?? '')})`);
     const batches: BatchListing[] = [];
     for (const batchId of page.batchIds) {
       const [manifest, summary] = await Promise.all([this.store.getManifest(batchId), this.store.summary(batchId)]);
@@ -272,7 +273,7 @@ export class FleetClient {
     const manifest = await this.retrying(() => this.store.getManifest(batchId), opts.signal);
     if (manifest === undefined) throw new TypeError(`batchId: no batch ${JSON.stringify(batchId)}`);
     if (!(await this.retrying(() => this.knowsCursor(batchId, from), opts.signal))) {
-      throw new TypeError(`after: not a cursor of batch ${batchId}'s stream: expected an event's cursor this batch sent, or 0 (got ${JSON.stringify(from.slice(0, 80))})`);
+      throw new TypeError(`after: not a cursor of batch ${batchId}'s stream: expected an event's cursor this batch sent, or 0 (got ${shownValue(from)})`);
     }
     // Each task's episodes, in sample order (the manifest's): a group names them and reads only them.
     const episodesOf = new Map<string, string[]>();

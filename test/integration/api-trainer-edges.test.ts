@@ -223,6 +223,18 @@ describe('HTTP API: the edges a trainer in another language meets', () => {
     expect(reply.json.error?.message).toContain('looks like a credential, not shown');
     expect(reply.text).not.toContain(secret);
     expect(reply.text).not.toContain('ab12cd34');
+    // Nor a cursor, an Accept or a page token that looks like one.
+    for (const [url, headers] of [
+      [`/v1/batches/${a.batchId}/results`, { 'last-event-id': secret }],
+      [`/v1/batches/${a.batchId}/results?after=${secret}`, {}],
+      [`/v1/batches/${a.batchId}/results?after=0`, { 'last-event-id': secret }],
+      [`/v1/batches/${a.batchId}/results`, { accept: secret }],
+      [`/v1/batches?after=${secret}`, {}],
+    ] as [string, Record<string, string>][]) {
+      const r = await request(`${base}${url}`, { headers });
+      expect.soft({ url, status: r.status, echoed: r.text.includes('ab12cd34') }).toEqual({ url, status: r.status < 500 && r.status >= 400 ? r.status : -1, echoed: false });
+      expect.soft(r.json.error?.message, url).toContain('looks like a credential, not shown');
+    }
   });
 
   it('lists the batches newest first, a page at a time, and refuses a bad page', async () => {
