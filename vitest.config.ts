@@ -19,7 +19,7 @@ export const STRESS_FILES = [
   'test/integration/verify-evasion.test.ts',
   'test/integration/hostile-sandbox.test.ts',
   'test/integration/harbor-hostile.test.ts',
-  'test/integration/python-trainer.test.ts',
+  'test/integration/python-client.test.ts',
 ];
 
 /** What the files on services share: dist/ built first, two workers on 2 cores. */

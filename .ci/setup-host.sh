@@ -16,7 +16,11 @@ need_pkgs=()
 command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
 command -v patchelf >/dev/null 2>&1 || need_pkgs+=(patchelf)
 command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
-command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)  # the example trainer (examples/trainer) runs in the tests
+command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)  # the Python client (clients/python) and the example trainer run in the tests
+# The Python client's test installs it into a fresh venv (python3-venv) and type-checks it with
+# Debian's mypy (python3-mypy, 1.0.1).
+/usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || need_pkgs+=(python3-venv)
+/usr/bin/python3 -m mypy --version >/dev/null 2>&1 || need_pkgs+=(python3-mypy)
 [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx patch || need_pkgs+=(busybox-static)
 [ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
 command -v docker-compose >/dev/null 2>&1 || need_pkgs+=(docker-compose)

@@ -15,9 +15,10 @@ import { z } from 'zod';
 import { EpisodeResult, EpisodeStatus } from '../episode/episode-job.ts';
 import { PHASES } from '../results/batch-summary.ts';
 import { isCursor, type FleetClient } from '../client/fleet-client.ts';
-import { describeIssues } from '../config/zod-issues.ts';
+import { describeIssues, shownValue } from '../config/zod-issues.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { FAILURE_KINDS } from '../errors/failure-kind.ts';
+import { printable } from '../errors/printable.ts';
 import { EPISODE_ID_PATTERN } from '../ids/episode-id.ts';
 import { BatchFile, TaskDigest, TaskDigestRef } from '../tasks/batch-spec.ts';
 import { MAX_TASK_ARCHIVE_BYTES } from '../tasks/pack-task.ts';
@@ -31,9 +32,14 @@ export interface ApiOptions {
   keepAliveMs?: number;
   /** A request not answering within this long (Redis hangs) gets 503. @default 30000 */
   requestTimeoutMs?: number;
+  /** A request body that stops arriving (no byte for this long before its end) gets 408. @default 5000 */
+  bodyIdleMs?: number;
 }
 
 const BATCH_ID = /^[a-z0-9][a-z0-9_.-]{0,120}$/;
+/** Batches a page of GET /v1/batches lists, by default and at most. */
+const DEFAULT_PAGE = 100;
+const MAX_PAGE = 1_000;
 const KEEP_ALIVE_MS = 15_000;
 /** JSON bodies are a page of settings: a batch of 10,000 digests is about 700 KB. */
 const MAX_JSON_BYTES = 1024 * 1024;
@@ -64,7 +70,23 @@ export const BatchRequest = BatchFile.extend({
   name: BatchFile.shape.name.unwrap(),
   tasks: z.array(z.union([TaskDigest, TaskDigestRef])).min(1).max(10_000),
 });
+const EndEvent = z.object({
+  kind: z.literal('end'),
+  summary: BatchSummaryBody.nullable().describe('the batch summary as the stream ended (GET /v1/batches/{batchId}); null if it could not be read'),
+}).describe('the last event: every episode has a result and all were delivered (SSE: `event: end`)');
+const KeepAliveEvent = z.object({ kind: z.literal('keep-alive') }).describe('sent on a quiet NDJSON stream every 15 s (SSE sends a `: keep-alive` comment line instead); carries no cursor');
+const BatchListing = z.object({ batchId: z.string(), name: z.string(), createdAt: z.string(), total: z.number().int(), done: z.number().int(), finished: z.boolean() });
+const BatchList = z.object({
+  batches: z.array(BatchListing).describe('newest first'),
+  next: z.string().optional().describe('the page token for the next page (`?after=`); absent on the last page'),
+});
 const BatchCreated = z.object({ batchId: z.string(), episodes: z.number().int(), added: z.boolean(), episodeIds: z.array(z.string()) });
+const RetryReportBody = z.object({
+  requeued: z.array(z.string()).describe('episodes put back on the queue'),
+  missing: z.array(z.string()).describe('episodes of that kind whose job is no longer kept: not retried'),
+  pending: z.array(z.string()).describe('episodes whose job is not finished (a retry already requeued it)'),
+});
+const CancelReply = z.object({ outcomes: z.record(z.string(), z.enum(['cancelled', 'cancelling', 'closing', 'ended', 'unknown'])).describe('the outcome per episode') });
 const CancelRequest = z.strictObject({ episodeIds: z.array(z.string().regex(EPISODE_ID_PATTERN)).max(100_000).optional() });
 const RetryRequest = z.strictObject({ kind: z.enum(FAILURE_KINDS) });
 
@@ -87,7 +109,8 @@ export function openApiDocument(): Record<string, unknown> {
         Error: schema(ErrorBody), ResultEvent: schema(ResultEvent), GroupEvent: schema(GroupEvent),
         StoredTask: schema(StoredTaskBody), BatchRequest: schema(BatchRequest), BatchCreated: schema(BatchCreated),
         CancelRequest: schema(CancelRequest), RetryRequest: schema(RetryRequest), EpisodeResult: schema(EpisodeResult),
-        BatchSummary: schema(BatchSummaryBody),
+        BatchSummary: schema(BatchSummaryBody), EndEvent: schema(EndEvent), KeepAliveEvent: schema(KeepAliveEvent),
+        BatchList: schema(BatchList), BatchListing: schema(BatchListing), RetryReport: schema(RetryReportBody), CancelReply: schema(CancelReply),
       },
     },
     security: [{ bearer: [] }],
@@ -100,6 +123,14 @@ export function openApiDocument(): Record<string, unknown> {
         },
       },
       '/v1/batches': {
+        get: {
+          summary: 'The batches, newest first, a page at a time',
+          parameters: [
+            { name: 'limit', in: 'query', required: false, schema: { type: 'integer', minimum: 1, maximum: MAX_PAGE, default: DEFAULT_PAGE } },
+            { name: 'after', in: 'query', required: false, schema: { type: 'string' }, description: "a previous page's `next`: the page after it" },
+          ],
+          responses: { 200: { description: 'a page', ...json('BatchList') }, 400: fault('a bad limit or page token, naming the field'), ...common },
+        },
         post: {
           summary: 'Create a batch from task digests; the same batch again names the same batch and adds nothing',
           requestBody: { required: true, ...json('BatchRequest') },
@@ -112,23 +143,35 @@ export function openApiDocument(): Record<string, unknown> {
       '/v1/batches/{batchId}/results': {
         get: {
           summary: 'Results in completion order, and a group event per task once all its samples ended; ends when every episode has a result',
-          parameters: [batch, { name: 'after', in: 'query', required: false, schema: { type: 'string' }, description: 'resume after this cursor (or the Last-Event-ID header)' }],
+          parameters: [
+            batch,
+            { name: 'after', in: 'query', required: false, schema: { type: 'string', default: '0' }, description: "resume right after this cursor: an event's `cursor` (SSE: its `id:`) this batch's stream sent; `0` (the default) is the start. A cursor this batch's stream never sent (another batch's, or past its end) is refused with 400. With the `Last-Event-ID` header too, both must be the same cursor (else 400)" },
+            { name: 'Last-Event-ID', in: 'header', required: false, schema: { type: 'string' }, description: 'the same as `after` (what an EventSource sends when it reconnects)' },
+            { name: 'Accept', in: 'header', required: false, schema: { type: 'string' }, description: 'text/event-stream or application/x-ndjson (the default), with q-values honoured; neither acceptable: 406' },
+          ],
           responses: {
             200: {
-              description: 'text/event-stream (Accept: text/event-stream; `id:` is the cursor) or application/x-ndjson',
-              content: { 'application/x-ndjson': { schema: { oneOf: [ref('ResultEvent'), ref('GroupEvent')] } } },
+              description: 'One event per result, a group event once every sample of a task has ended, keep-alives while quiet, and an end event (with the summary) last. A stream that closes before its end event was cut: reconnect from the last cursor received.',
+              content: {
+                'application/x-ndjson': { schema: { description: 'one JSON object a line', oneOf: [ref('ResultEvent'), ref('GroupEvent'), ref('EndEvent'), ref('KeepAliveEvent')] } },
+                'text/event-stream': {
+                  schema: { type: 'string', description: 'Server-Sent Events: `id: <cursor>`, `event: result|group`, `data: <the event as JSON>`; then `event: end` with `data: <EndEvent>`; `: keep-alive` comment lines while quiet' },
+                  'x-events': { result: ref('ResultEvent'), group: ref('GroupEvent'), end: ref('EndEvent') },
+                },
+              },
             },
-            400: fault('a bad cursor, naming the field'),
+            400: fault('a bad cursor, one this batch never sent, or Last-Event-ID and after that differ; naming the field'),
+            406: fault('Accept names neither text/event-stream nor application/x-ndjson'),
             404: fault('no such batch'),
             ...common,
           },
         },
       },
       '/v1/batches/{batchId}/cancel': {
-        post: { summary: 'Cancel the batch (or the episodes named): queued ones at once, running ones at their next step', parameters: [batch], requestBody: { required: false, ...json('CancelRequest') }, responses: { 200: { description: 'outcome per episode' }, 400: fault('malformed'), 404: fault('no such batch'), ...common } },
+        post: { summary: 'Cancel the batch (or the episodes named): queued ones at once, running ones at their next step', parameters: [batch], requestBody: { required: false, ...json('CancelRequest') }, responses: { 200: { description: 'outcome per episode', ...json('CancelReply') }, 400: fault('malformed'), 404: fault('no such batch'), ...common } },
       },
       '/v1/batches/{batchId}/retry': {
-        post: { summary: 'Run again the episodes that failed with a kind', parameters: [batch], requestBody: { required: true, ...json('RetryRequest') }, responses: { 200: { description: 'requeued, missing and pending episode ids' }, 400: fault('malformed'), 404: fault('no such batch'), ...common } },
+        post: { summary: 'Run again the episodes that failed with a kind', parameters: [batch], requestBody: { required: true, ...json('RetryRequest') }, responses: { 200: { description: 'requeued, missing and pending episode ids', ...json('RetryReport') }, 400: fault('malformed'), 404: fault('no such batch'), ...common } },
       },
       '/v1/batches/{batchId}/episodes/{episodeId}': {
         get: { summary: "The episode's result", parameters: episode, responses: { 200: { description: 'result', ...json('EpisodeResult') }, 404: fault('no such episode, or no result yet'), ...common } },
@@ -177,7 +220,12 @@ function answerError(res: Response, err: unknown, log: Logger): void {
     return;
   }
   if (bodyError.type === 'entity.parse.failed') {
-    fail(res, 400, 'body: not valid JSON', 'body');
+    fail(res, 400, `body: ${jsonKind((err as { body?: unknown }).body)}`, 'body');
+    return;
+  }
+  // The client hung up mid-body: nobody is left to answer, and it is no fault of the server's.
+  if (bodyError.type === 'request.aborted') {
+    res.destroy();
     return;
   }
   if (err instanceof FleetError && ['invalid_task', 'task_archive_missing', 'image_not_found'].includes(err.code)) {
@@ -191,6 +239,19 @@ function answerError(res: Response, err: unknown, log: Logger): void {
   }
   log.error({ err }, 'api request failed');
   fail(res, 500, 'internal error (see the API log)');
+}
+
+/** Why a JSON body was refused: valid JSON that is not an object (null, a number...) is said so. */
+function jsonKind(text: unknown): string {
+  if (typeof text !== 'string') return 'not valid JSON';
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    return 'not valid JSON';
+  }
+  const kind = value === null ? 'null' : Array.isArray(value) ? 'a list' : typeof value === 'string' ? 'a string' : `a ${typeof value}`;
+  return `must be a JSON object (got ${kind})`;
 }
 
 function parseBody<S extends z.ZodType>(schema: S, body: unknown): z.infer<S> {
@@ -239,10 +300,20 @@ function redisBound(client: FleetClient, timeoutMs: number) {
   const unavailable = (res: Response) => fail(res, 503, "the fleet's Redis is not reachable now; try again shortly");
   // Not only Redis: a slow store or a loaded host ends here too, and the message does not guess.
   const late = (res: Response) => fail(res, 503, `no answer within ${timeoutMs} ms (the fleet's Redis or artifact store is slow or away); try again shortly`);
-  return (_req: Request, res: Response, next: NextFunction) => {
+  // A body still arriving then (a slow client, bytes trickling) is the client's, and said so.
+  const slowBody = (res: Response) => {
+    res.setHeader('connection', 'close');
+    fail(res, 408, `body: not all received within ${timeoutMs} ms (the client is sending it too slowly)`, 'body');
+  };
+  return (req: Request, res: Response, next: NextFunction) => {
     if (!client.connected) return unavailable(res);
+    const hasBody = req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
     const timer = setTimeout(() => {
-      if (!res.headersSent) late(res);
+      if (res.headersSent) return;
+      if (hasBody && !req.complete) {
+        slowBody(res);
+        res.once('finish', () => req.destroy());
+      } else late(res);
     }, timeoutMs);
     res.on('close', () => clearTimeout(timer));
     res.on('finish', () => clearTimeout(timer));
@@ -252,6 +323,61 @@ function redisBound(client: FleetClient, timeoutMs: number) {
       clearTimeout(timer);
       flush();
     };
+    return next();
+  };
+}
+
+/**
+ * Each request logged as it ends: method, path (no query: nothing secret goes there, but nothing is
+ * needed from it either), status and milliseconds; never a header. A 401 is a warning.
+ */
+function requestLog(log: Logger) {
+  return (req: Request, res: Response, next: NextFunction) => {
+    const started = performance.now();
+    let logged = false;
+    const done = () => {
+      if (logged) return;
+      logged = true;
+      const line = { method: req.method, path: printable(req.path.slice(0, 200)), status: res.statusCode, ms: Math.round(performance.now() - started), ...(!res.writableFinished && { aborted: true }) };
+      if (res.statusCode === 401) log.warn({ ...line, remote: req.socket.remoteAddress }, 'api request refused: no or wrong bearer token');
+      else if (req.path === '/healthz') log.debug(line, 'api request');
+      else log.info(line, 'api request');
+    };
+    res.on('finish', done);
+    res.on('close', done);
+    next();
+  };
+}
+
+/**
+ * A body that stops arriving before its end (Content-Length promised more; a chunked body with no last
+ * chunk) is the client's doing: after `idleMs` with no byte it gets 408 saying so, and the connection
+ * is closed, instead of waiting for the 503 of a fleet that is slow.
+ */
+function bodyWatch(idleMs: number) {
+  return (req: Request, res: Response, next: NextFunction) => {
+    const hasBody = req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
+    if (!hasBody || req.complete) return next();
+    const socket = req.socket;
+    let seen = socket.bytesRead;
+    let lastByte = performance.now();
+    const timer = setInterval(() => {
+      if (req.complete || res.headersSent) return clearInterval(timer);
+      if (socket.bytesRead !== seen) {
+        seen = socket.bytesRead;
+        lastByte = performance.now();
+        return;
+      }
+      if (performance.now() - lastByte < idleMs) return;
+      clearInterval(timer);
+      const length = req.headers['content-length'];
+      res.setHeader('connection', 'close');
+      fail(res, 408, `body: incomplete: the client stopped sending it (${length !== undefined ? `Content-Length says ${Number(length)} bytes; ` : ''}no byte for ${idleMs} ms); send the whole body`, 'body');
+      res.once('finish', () => req.destroy());
+    }, Math.max(50, Math.min(1_000, idleMs / 5)));
+    timer.unref();
+    res.once('close', () => clearInterval(timer));
+    req.once('end', () => clearInterval(timer));
     return next();
   };
 }
@@ -276,6 +402,8 @@ export function createApiApp(opts: ApiOptions): express.Express {
   const { client, log } = opts;
   const app = express();
   app.disable('x-powered-by');
+  app.use(requestLog(log));
+  app.use(bodyWatch(opts.bodyIdleMs ?? 5_000));
   // Ready means Redis is reachable: a load balancer or compose's health check sees an outage.
   app.get('/healthz', (_req, res) => res.status(client.connected ? 200 : 503).json({ ok: client.connected, redis: client.connected ? 'connected' : 'unreachable' }));
   app.get('/openapi.json', (_req, res) => res.json(openApiDocument()));
@@ -302,6 +430,22 @@ export function createApiApp(opts: ApiOptions): express.Express {
     const request = parseBody(BatchRequest, req.body);
     const plan = await client.enqueueRequest({ ...request, tasks: request.tasks.map((t) => (typeof t === 'string' ? { digest: t } : t)) });
     res.status(plan.added ? 201 : 200).json({ batchId: plan.batchId, episodes: plan.jobs.length, added: plan.added, episodeIds: plan.jobs.map((j) => j.episodeId) });
+  });
+
+  app.get('/v1/batches', async (req, res) => {
+    const { limit: rawLimit, after } = req.query;
+    if (rawLimit !== undefined && (typeof rawLimit !== 'string' || !/^\d{1,4}$/.test(rawLimit) || Number(rawLimit) < 1 || Number(rawLimit) > MAX_PAGE)) {
+      throw new ApiError(400, 'limit', `limit: expected a whole number from 1 to ${MAX_PAGE} (got ${JSON.stringify(String(rawLimit).slice(0, 20))})`);
+    }
+    if (after !== undefined && (typeof after !== 'string' || !BATCH_ID.test(after))) {
+      throw new ApiError(400, 'after', `after: not a page token (a batch id from a previous page's next) (got ${shownValue(String(after))})`);
+    }
+    try {
+      res.json(await client.listBatches({ limit: rawLimit === undefined ? DEFAULT_PAGE : Number(rawLimit), ...(after !== undefined && { after }) }));
+    } catch (err) {
+      if (err instanceof TypeError) throw new ApiError(400, 'after', err.message);
+      throw err;
+    }
   });
 
   app.get('/v1/batches/:batchId', async (req, res) => {
@@ -361,21 +505,35 @@ export function createApiApp(opts: ApiOptions): express.Express {
 
   app.get('/v1/batches/:batchId/results', async (req, res) => {
     const batchId = batchIdOf(req);
-    const sse = (req.headers.accept ?? '').includes('text/event-stream');
-    const lastEventId = req.headers['last-event-id'];
-    const after = (typeof lastEventId === 'string' && lastEventId !== '' ? lastEventId : undefined) ?? (typeof req.query.after === 'string' ? req.query.after : undefined) ?? '0';
-    const field = typeof lastEventId === 'string' && lastEventId !== '' ? 'Last-Event-ID' : 'after';
-    if (!isCursor(after)) throw new ApiError(400, field, `${field}: not a cursor: expected an event id this stream sent, or 0 (got ${JSON.stringify(after.slice(0, 80))})`);
+    // Accept's q-values decide (text/event-stream;q=0 is a no); no Accept, or */*, is NDJSON.
+    const media = req.accepts(['application/x-ndjson', 'text/event-stream']);
+    if (media === false) {
+      throw new ApiError(406, 'accept', `accept: expected text/event-stream or application/x-ndjson (got ${shownValue(String(req.headers.accept))})`);
+    }
+    const sse = media === 'text/event-stream';
+    const header = req.headers['last-event-id'];
+    const lastEventId = typeof header === 'string' && header !== '' ? header : undefined;
+    const query = typeof req.query.after === 'string' ? req.query.after : undefined;
+    if (lastEventId !== undefined && query !== undefined && lastEventId !== query) {
+      throw new ApiError(400, 'after', `after: differs from the Last-Event-ID header (${shownValue(query)} and ${shownValue(lastEventId)}): send one, or the same cursor in both`);
+    }
+    const after = lastEventId ?? query ?? '0';
+    const field = lastEventId !== undefined ? 'Last-Event-ID' : 'after';
+    if (!isCursor(after)) throw new ApiError(400, field, `${field}: not a cursor: expected an event id this stream sent, or 0 (got ${shownValue(after)})`);
     await needBatch(batchId);
+    // A cursor of another batch, or past this one's end, would skip every result: refused, not followed.
+    if (!(await client.knowsCursor(batchId, after))) {
+      throw new ApiError(400, field, `${field}: not a cursor this batch's stream sent (another batch's, or past its end): expected an event id of batch ${batchId}, or 0 (got ${shownValue(after)})`);
+    }
     const gone = new AbortController();
     res.on('close', () => gone.abort());
     res.writeHead(200, sse
       ? { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' }
-      : { 'content-type': 'application/x-ndjson; charset=utf-8', 'cache-control': 'no-cache' });
+      : { 'content-type': 'application/x-ndjson; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' });
     res.flushHeaders();
-    // A comment line every 15 s while no episode ends: proxies and clients do not take a quiet stream
-    // for a dead one. (NDJSON has no comments: its readers wait.)
-    const keepAlive = sse ? setInterval(() => res.write(': keep-alive\n\n'), opts.keepAliveMs ?? KEEP_ALIVE_MS) : undefined;
+    // Every 15 s while no episode ends: proxies and clients do not take a quiet stream for a dead one.
+    // SSE sends a comment line; NDJSON a keep-alive record (no cursor: it moves nothing).
+    const keepAlive = setInterval(() => res.write(sse ? ': keep-alive\n\n' : '{"kind":"keep-alive"}\n'), opts.keepAliveMs ?? KEEP_ALIVE_MS);
     try {
       for await (const event of client.results(batchId, { after, signal: gone.signal, blockMs: 1_000 })) {
         const body = event.kind === 'result'
@@ -387,7 +545,10 @@ export function createApiApp(opts: ApiOptions): express.Express {
         // A slow reader holds the stream here, not the server's memory; one that left ends it.
         if (!written) await Promise.race([once(res, 'drain'), once(gone.signal, 'abort')]);
       }
-      if (sse) res.write('event: end\ndata: {}\n\n');
+      // The end, told apart from a cut: every episode has a result and all were delivered.
+      const summary = await client.status(batchId).catch(() => undefined);
+      const end = JSON.stringify({ kind: 'end', summary: summary ?? null });
+      res.write(sse ? `event: end\ndata: ${end}\n\n` : `${end}\n`);
     } catch (err) {
       if (!gone.signal.aborted) log.warn({ batchId, err: String(err) }, 'result stream ended by an error');
     } finally {

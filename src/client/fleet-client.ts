@@ -10,6 +10,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import { EPISODES_QUEUE, type EpisodeResult } from '../episode/episode-job.ts';
 import { connectRedis } from './connect-redis.ts';
+import { shownValue } from '../config/zod-issues.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
 import type { FailureKind } from '../errors/failure-kind.ts';
 import { cancelEpisode, type CancelOutcome } from '../producer/cancel-episodes.ts';
@@ -57,6 +58,16 @@ export type BatchEvent =
  * (`{ digest }` from `uploadTask`); the rest as in a batch file.
  */
 export type BatchSpec = Omit<BatchFile, 'samples' | 'defaults'> & Partial<Pick<BatchFile, 'samples' | 'defaults'>> & { name: string };
+
+/** A batch as the listing shows it. */
+export interface BatchListing {
+  batchId: string;
+  name: string;
+  createdAt: string;
+  total: number;
+  done: number;
+  finished: boolean;
+}
 
 /** One evidence file of an episode's attempt. */
 export interface EvidenceEntry {
@@ -214,6 +225,34 @@ export class FleetClient {
     return entry === undefined ? undefined : (await this.artifacts()).open(`evidence/${episodeId}/attempt-${attempt}/${name}`, { signal });
   }
 
+  /**
+   * Whether `cursor` is one this batch's result stream could have sent: '0', or the id of an entry of
+   * its completion stream (with `:g` for a group's). A cursor of another batch, or past the end, is not.
+   */
+  async knowsCursor(batchId: string, cursor: string): Promise<boolean> {
+    if (!isCursor(cursor)) return false;
+    if (cursor === '0') return true;
+    return this.store.hasCompletion(batchId, cursor.replace(/:g$/, ''));
+  }
+
+  /**
+   * A page of the batches, newest first: at most `limit` after the batch `after` (a previous page's
+   * last), each with its name, creation time and progress; `next` is the page token to ask for next
+   * (undefined: none). Throws a TypeError naming `after` when it is not a listed batch.
+   */
+  async listBatches(opts: { limit?: number; after?: string } = {}): Promise<{ batches: BatchListing[]; next?: string }> {
+    const page = await this.store.pageBatches(opts.limit ?? 100, opts.after);
+    if (page === undefined) throw new TypeError(`after: not a batch of this fleet's listing (got ${shownValue(opts.after ?? '')})`);
+    const batches: BatchListing[] = [];
+    for (const batchId of page.batchIds) {
+      const [manifest, summary] = await Promise.all([this.store.getManifest(batchId), this.store.summary(batchId)]);
+      if (manifest === undefined || summary === undefined) continue;
+      batches.push({ batchId, name: manifest.name, createdAt: manifest.createdAt, total: summary.total, done: summary.done, finished: summary.finished });
+    }
+    const last = page.batchIds.at(-1);
+    return { batches, ...(page.more && last !== undefined && { next: last }) };
+  }
+
   /** The batch's summary so far, or undefined for an unknown batch. */
   async status(batchId: string): Promise<BatchSummary | undefined> {
     return this.store.summary(batchId);
@@ -233,6 +272,9 @@ export class FleetClient {
     let cursor = groupAcked ? from.slice(0, -2) : from;
     const manifest = await this.retrying(() => this.store.getManifest(batchId), opts.signal);
     if (manifest === undefined) throw new TypeError(`batchId: no batch ${JSON.stringify(batchId)}`);
+    if (!(await this.retrying(() => this.knowsCursor(batchId, from), opts.signal))) {
+      throw new TypeError(`after: not a cursor of batch ${batchId}'s stream: expected an event's cursor this batch sent, or 0 (got ${shownValue(from)})`);
+    }
     // Each task's episodes, in sample order (the manifest's): a group names them and reads only them.
     const episodesOf = new Map<string, string[]>();
     for (const id of manifest.episodeIds) episodesOf.set(taskOf(id, batchId), [...(episodesOf.get(taskOf(id, batchId)) ?? []), id]);

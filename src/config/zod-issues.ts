@@ -44,6 +44,11 @@ function show(value: unknown, secret: boolean, root: boolean): string {
   return printable(redactUrlCredentials(JSON.stringify(value) ?? String(value)));
 }
 
+/** A value as messages show it: quoted and escaped, cut when long, described (not shown) when it looks like a credential. */
+export function shownValue(value: unknown): string {
+  return show(value, false, false);
+}
+
 /** Well-known key prefixes (OpenAI, Stripe, GitHub, Slack, AWS, GitLab, Hugging Face, JWTs). */
 const CREDENTIAL_PREFIX = /^(sk|pk|rk)[-_]|^(ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf)_|^xox[abpr]-|^(AKIA|ASIA)[A-Z0-9]{12}|^eyJ[A-Za-z0-9_-]{10,}/;
 

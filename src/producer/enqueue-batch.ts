@@ -9,7 +9,7 @@ import type { FlowProducer, JobsOptions } from 'bullmq';
 import { BATCH_GATES_QUEUE, BATCHES_QUEUE, batchJobOptions, type BatchJob } from '../results/batch-job.ts';
 import type { Redis } from 'ioredis';
 import { EPISODES_QUEUE, EpisodeJob, episodeJobOptions } from '../episode/episode-job.ts';
-import { describeIssues } from '../config/zod-issues.ts';
+import { describeIssues, shownValue } from '../config/zod-issues.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { printable } from '../errors/printable.ts';
 import type { ResultsStore } from '../results/results-store.ts';
@@ -174,7 +174,7 @@ export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps, opts:
         const harbor = task.spec.harbor !== undefined;
         throw new FleetError(
           'image_not_found',
-          `${task.dir === undefined ? `${printable(loaded.file)}: task ${task.spec.id} (${task.digest})` : printable(path.join(task.dir, harbor ? 'task.toml' : 'task.yaml'))}: ${harbor ? 'environment.docker_image' : 'image'}: not found on the Docker engine${harbor ? ', and the task has no environment/Dockerfile to build it from' : ''} (got ${JSON.stringify(task.spec.image)})`,
+          `${task.dir === undefined ? `${printable(loaded.file)}: task ${task.spec.id} (${task.digest})` : printable(path.join(task.dir, harbor ? 'task.toml' : 'task.yaml'))}: ${harbor ? 'environment.docker_image' : 'image'}: not found on the Docker engine${harbor ? ', and the task has no environment/Dockerfile to build it from' : ''} (got ${shownValue(task.spec.image)})`,
         );
       }
     }

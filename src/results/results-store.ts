@@ -116,6 +116,26 @@ export class ResultsStore {
   }
 
   /**
+   * A page of batch ids, newest first, after the batch `after` (a previous page's last; unset: from the
+   * newest): ids, and whether more follow. Undefined when `after` is not a listed batch.
+   */
+  async pageBatches(limit: number, after?: string): Promise<{ batchIds: string[]; more: boolean } | undefined> {
+    let from = 0;
+    if (after !== undefined) {
+      const rank = await this.redis.zrevrank(this.batchesKey(), after);
+      if (rank === null) return undefined;
+      from = rank + 1;
+    }
+    const ids = await this.redis.zrevrange(this.batchesKey(), from, from + limit);
+    return { batchIds: ids.slice(0, limit), more: ids.length > limit };
+  }
+
+  /** Whether the batch's completion stream holds an entry with this id (a cursor it sent). */
+  async hasCompletion(batchId: string, id: string): Promise<boolean> {
+    return (await this.redis.xrange(batchCompletionsKey(this.prefix, batchId), id, id, 'COUNT', 1)).length === 1;
+  }
+
+  /**
    * The summary as of now: the one last computed while the batch's results are still those it was
    * computed from (same version and count: a finished batch's status reads one small key), otherwise
    * computed from the results' outlines and kept for the next reader.

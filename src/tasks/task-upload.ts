@@ -4,6 +4,7 @@
 // solution/ at the top, bounded in size and entries. It is unpacked into a private temporary folder and
 // then checked and packed exactly as a task folder on disk is, so the digest is the one `enqueue` gives
 // the same folder.
+import { existsSync } from 'node:fs';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -146,6 +147,10 @@ export async function storeUploadedTask(body: Buffer, source: ArchiveSource): Pr
   const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-upload-'));
   try {
     await unpackUpload(body, dir);
+    // Said before the task is read: a task without its task.yaml is the sender's mistake, not an I/O error.
+    if (!existsSync(path.join(dir, 'task.yaml')) && !existsSync(path.join(dir, 'task.toml'))) {
+      throw refuse("task.yaml: not in the archive (nor Harbor's task.toml): a task's tar has task.yaml at its top; tar the folder's contents, e.g. tar -C my-task -cf - .");
+    }
     return await storeTaskFolder(dir, source);
   } catch (err) {
     // Messages about the temporary folder speak of the upload instead.

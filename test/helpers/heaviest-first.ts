@@ -7,7 +7,8 @@ import { BaseSequencer } from 'vitest/node';
 import path from 'node:path';
 
 const MEASURED_SEC: Record<string, number> = {
-  'test/integration/python-trainer.test.ts': 86,
+  'test/integration/python-client.test.ts': 118, // measured alone (2026-12-03), under other sessions' load
+  'test/integration/api-trainer-edges.test.ts': 35, // measured alone (2026-12-03)
   'test/integration/api-hostile.test.ts': 76,
   'test/integration/two-hosts.test.ts': 74,
   'test/integration/phase-reserves.test.ts': 74,

@@ -41,4 +41,28 @@ describe('the API schemas of rewards', () => {
     expect(group.properties.metrics).toMatchObject({ type: 'array', items: { anyOf: [{ type: 'object', additionalProperties: { type: 'number' } }, { type: 'null' }] } });
     expect(doc.components.schemas.EpisodeResult!.properties.metrics).toMatchObject({ type: 'object', additionalProperties: { type: 'number' } });
   });
+
+  it('the result route declares both media types, every event shape and the start cursor 0', () => {
+    const doc = openApiDocument() as {
+      components: { schemas: Record<string, { properties: Record<string, { const?: string; anyOf?: unknown[] }>; required?: string[] }> };
+      paths: Record<string, { get?: { parameters: { name: string; in: string; schema?: { default?: string }; description?: string }[]; responses: Record<string, { content?: Record<string, { schema: { oneOf?: { $ref: string }[] }; 'x-events'?: Record<string, { $ref: string }> }> }> } }>;
+    };
+    const route = doc.paths['/v1/batches/{batchId}/results']!.get!;
+    const content = route.responses['200']!.content!;
+    expect(Object.keys(content).sort()).toEqual(['application/x-ndjson', 'text/event-stream']);
+    const ref = (name: string) => ({ $ref: `#/components/schemas/${name}` });
+    expect(content['application/x-ndjson']!.schema.oneOf).toEqual([ref('ResultEvent'), ref('GroupEvent'), ref('EndEvent'), ref('KeepAliveEvent')]);
+    expect(content['text/event-stream']!['x-events']).toEqual({ result: ref('ResultEvent'), group: ref('GroupEvent'), end: ref('EndEvent') });
+    const { schemas } = doc.components;
+    expect(schemas.EndEvent!.properties.kind!.const).toBe('end');
+    expect(schemas.EndEvent!.required).toEqual(['kind', 'summary']);
+    expect(schemas.KeepAliveEvent!.properties.kind!.const).toBe('keep-alive');
+    const after = route.parameters.find((p) => p.name === 'after')!;
+    expect(after.schema?.default).toBe('0');
+    expect(after.description).toContain('`0` (the default) is the start');
+    expect(after.description).toContain('Last-Event-ID');
+    expect(route.parameters.map((p) => `${p.in}:${p.name}`)).toEqual(expect.arrayContaining(['header:Last-Event-ID', 'header:Accept']));
+    expect(route.responses['406']).toBeDefined();
+    expect(doc.paths['/v1/batches']!.get!.responses['200']).toBeDefined();
+  });
 });
