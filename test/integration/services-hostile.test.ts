@@ -1,8 +1,9 @@
 // Task services (environment/docker-compose.yaml) attacked as a hostile task author, a hostile agent,
 // a careless user and a failing machine would, against what docs/HARBOR.md promises, with the fixtures
 // of test/fixtures/services-hostile (written for this suite): sidecars that fork-bomb, hog memory,
-// ignore SIGTERM, exit at once, hang their healthcheck, probe for the host; collect hooks that never
-// end; artifacts that are links to the host's files or 2 GiB sparse files; compose files that ask for
+// fill their disk and a named volume, flood their output, ignore SIGTERM, exit at once, hang their
+// healthcheck, probe for the host; collect hooks that never end; artifacts that are links to the
+// host's files or 2 GiB sparse files; a build context linked out of the task; compose files that ask for
 // the host (refused at enqueue, naming the service and the key, enqueueing nothing); and a kill -9 of
 // the worker while an episode's sidecars are still starting. Every episode ends graded or with an
 // error of a kind, nothing leaves its namespace, the worker goes on, and nothing is left behind.
@@ -17,7 +18,7 @@ import type { EpisodeResult } from '../../src/episode/episode-job.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import {
-  ROOT, docker, enqueueFile, fleetContainers, runCli, spawnWorker, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults,
+  ROOT, docker, enqueueFile, fleetContainers, runCli, sandboxHasFile, spawnWorker, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults,
   type FleetEnv, type WorkerProcess,
 } from '../helpers/fleet.ts';
 
@@ -172,9 +173,42 @@ describe('task services against hostile sidecars, hooks and artifacts', () => {
     console.log(`fork bomb: at most ${most} pids of ${limit}; memory hog: ${JSON.stringify({ oom: dead.OOMKilled, exit: dead.ExitCode })}, episode ${JSON.stringify({ status: byTask.get('memory-hog')![0]!.status, error: byTask.get('memory-hog')![0]!.error })}`);
   }, 300_000);
 
-  it('a sidecar that ignores SIGTERM and one that exits at once do not hang the episode; a healthcheck that never returns is cut by its timeout', async () => {
+  it('a sidecar filling its root file system and a named volume, and the agent filling that volume, are held to storage_mb (256), or the episode ends with a kind', async () => {
+    // The agent too writes up to 1 GiB into the volume main shares with the filler, then waits for the go.
+    const plan = await enqueue(['disk-fill'],
+      '{ kind: command, command: "dd if=/dev/zero of=/junk/agent bs=1M count=1024 status=none; stat -c %s /junk/agent > /tmp/agent-wrote; while [ ! -e /tmp/go ]; do sleep 0.2; done; printf done > /app/answer.txt" }');
+    // The filler and the agent report how much they wrote (at most 1 GiB each), unless the fleet ends the episode first.
+    const seen = await waitFor('the filler\'s and the agent\'s reports, or the result', async () => {
+      const [result] = await env.results.results(plan.batchId);
+      if (result) return { result };
+      const parts = (await fleetContainers('batch', plan.batchId)).filter((c) => c.State === 'running');
+      const filler = parts.find((c) => c.Labels[LABEL.environmentRole] === 'service');
+      const main = parts.find((c) => c.Labels[LABEL.environmentRole] === 'main');
+      if (!filler || !main || !(await sandboxHasFile(filler.Id, '/tmp/fill-done')) || !(await sandboxHasFile(main.Id, '/tmp/agent-wrote'))) return undefined;
+      const report = `${(await execIn(filler.Id, ['cat', '/tmp/fill-report'])).out.trim()} agent=${(await execIn(main.Id, ['cat', '/tmp/agent-wrote'])).out.trim()}`;
+      await execIn(main.Id, ['touch', '/tmp/go']);
+      return { report };
+    }, 180_000, 300);
+    const byTask = await finish(plan.batchId, 1);
+    const r = byTask.get('disk-fill')![0]!;
+    expectEndedWell('disk-fill', r);
+    console.log(`disk fill: ${seen.report?.trim() ?? '(no report)'}; episode ${JSON.stringify({ status: r.status, error: r.error })}`);
+    if (seen.report !== undefined) {
+      const [, root, volume] = /root=(\d+) volume=(\d+)/.exec(seen.report) ?? [];
+      expect(root, seen.report).toBeDefined();
+      const cap = (256 + 16) * 1024 * 1024;
+      expect(Number(root), `the sidecar wrote past storage_mb into its root: ${seen.report}`).toBeLessThanOrEqual(cap);
+      expect(Number(volume), `the sidecar wrote past storage_mb into a named volume: ${seen.report}`).toBeLessThanOrEqual(cap);
+      const [, agent] = /agent=(\d+)/.exec(seen.report) ?? [];
+      expect(Number(agent), `the agent wrote past storage_mb into the named volume main mounts: ${seen.report}`).toBeLessThanOrEqual(cap);
+    } else {
+      expect(r.status, JSON.stringify(r)).toBe('error');
+    }
+  }, 300_000);
+
+  it('a sidecar that ignores SIGTERM, one that exits at once and one that floods its output do not hang the episode; a healthcheck that never returns is cut by its timeout', async () => {
     const started = Date.now();
-    const plan = await enqueue(['stubborn', 'hanging-healthcheck'], '{ kind: oracle }');
+    const plan = await enqueue(['stubborn', 'hanging-healthcheck', 'log-flood'], '{ kind: oracle }');
     const stuck = await waitFor('the hanging healthcheck\'s result', async () => (await env.results.results(plan.batchId)).find((r) => r.taskId === 'hanging-healthcheck'), 120_000, 200);
     const stuckSec = (Date.now() - started) / 1000;
     // HARBOR.md: at most start_period + retries x (interval + timeout) = 4 s of checks, then healthcheck_failed, never a reward
@@ -182,13 +216,19 @@ describe('task services against hostile sidecars, hooks and artifacts', () => {
     expect(stuck, JSON.stringify(stuck)).toMatchObject({ status: 'error', reward: null, error: { kind: 'invalid', code: 'healthcheck_failed' } });
     expect(stuck.error?.message).toMatch(/stuck/);
     expect(stuckSec).toBeLessThan(90);
-    const results = await waitForResults(env, plan.batchId, 2, 180_000);
+    const results = await waitForResults(env, plan.batchId, 3, 180_000);
     const resultAt = Date.now();
     await waitForNoContainers(plan.batchId, 30_000);
     const closeSec = (Date.now() - resultAt) / 1000;
     expect(await leftOf('batch', plan.batchId)).toEqual({ containers: [], volumes: [] });
     const stubborn = results.find((r) => r.taskId === 'stubborn');
     expect(stubborn, JSON.stringify(stubborn)).toMatchObject({ status: 'passed', reward: 1 });
+    // A sidecar flooding stdout and stderr all episode long: graded, and its log kept capped as the agent's (64 KiB a stream here).
+    const flood = results.find((r) => r.taskId === 'log-flood')!;
+    expect(flood, JSON.stringify(flood)).toMatchObject({ status: 'passed', reward: 1 });
+    const floodLog = await readFile(path.join(env.dataDir, 'evidence', flood.episodeId, 'attempt-1', 'service-flood.log'), 'utf8');
+    expect(floodLog).toContain('flood-out');
+    expect(floodLog.length).toBeLessThanOrEqual(2 * 64 * 1024 + 4096);
     console.log(`hanging healthcheck ended after ${stuckSec.toFixed(1)} s; the stubborn sidecar's episode was gone ${closeSec.toFixed(1)} s after its result`);
   }, 240_000);
 
@@ -241,7 +281,9 @@ describe('task services against hostile sidecars, hooks and artifacts', () => {
     expect(leaked, `the host file reached:\n${seen}`).toEqual([]);
     expect(JSON.stringify([...byTask.values()])).not.toContain(marker);
     expect(tookSec).toBeLessThan(200);
-    console.log(`hook, links and huge artifact: ${tookSec.toFixed(1)} s; links ${JSON.stringify({ status: links.status, metrics: links.metrics, error: links.error })}\nverifier saw:\n${seen}`);
+    console.log(`hook, links and huge artifact: ${tookSec.toFixed(1)} s; links ${JSON.stringify({ status: links.status, metrics: links.metrics, error: links.error, attempts: links.attempts })}\nverifier saw:\n${seen}`);
+    // A task's own links are no fault of the fleet's: never kind infra (USAGE.md: retried, FLEET_INFRA_RETRIES more attempts, for nothing).
+    expect(links.status === 'error' ? links.error?.kind : links.status, `artifact links: ${JSON.stringify(links)}`).not.toBe('infra');
   }, 300_000);
 
   it('a sidecar built from a symlink in environment/ to a folder of the host: refused, or else its build never reads that folder', async () => {
@@ -318,6 +360,20 @@ describe('hostile compose files are refused at enqueue, naming the service and t
     { name: 'secret-var', compose: side('    environment:\n      T: "${RF_SH_SECRET_TOKEN}"\n'), error: /services\.side\.environment.*RF_SH_SECRET_TOKEN/ },
     { name: 'model-key', compose: side('    environment:\n      - K=${MODEL_API_KEY:-x}\n'), error: /services\.side\.environment.*MODEL_API_KEY/ },
     { name: 'context-up', compose: 'services:\n  main: {}\n  side:\n    build: { context: ../.. }\n', error: /services\.side\.build/ },
+    { name: 'cap-add-net-admin', compose: side('    cap_add: [NET_ADMIN]\n'), error: /services\.side\.cap_add/ },
+    { name: 'cap-add-net-raw', compose: side('    cap_add: ["CAP_NET_RAW"]\n'), error: /services\.side\.cap_add/ },
+    { name: 'cap-add-all', compose: side('    cap_add: [ALL]\n'), error: /services\.side\.cap_add/ },
+    { name: 'pid-host', compose: side('    pid: host\n'), error: /services\.side\.pid/ },
+    { name: 'userns-host', compose: side('    userns_mode: host\n'), error: /services\.side\.userns_mode/ },
+    { name: 'seccomp-off', compose: side('    security_opt: ["seccomp:unconfined"]\n'), error: /services\.side\.security_opt/ },
+    { name: 'devices', compose: side('    devices: ["/dev/kmsg:/dev/kmsg"]\n'), error: /services\.side\.devices/ },
+    { name: 'long-form-bind', compose: side('    volumes:\n      - { type: bind, source: /, target: /host }\n'), error: /services\.side\.volumes/ },
+    // The named-volume way to a host path: a local volume whose driver_opts bind the host's root.
+    { name: 'volume-driver-opts-bind', compose: `${side('    volumes: ["state:/host"]\n')}volumes:\n  state:\n    driver_opts: { type: none, o: bind, device: / }\n`, error: /volumes\.state.*driver_opts/ },
+    { name: 'volume-external', compose: `${side('    volumes: ["state:/x"]\n')}volumes:\n  state:\n    external: true\n    name: rollout-fleet-other-episode\n`, error: /volumes\.state.*external/ },
+    // A YAML merge key that brings privileged in from an extension field.
+    { name: 'merge-key-privileged', compose: 'x-base: &base\n  privileged: true\nservices:\n  main: {}\n  side:\n    <<: *base\n    image: python:3.12-slim\n', error: /services\.side\.(privileged|<<)/ },
+    { name: 'upper-case-key', compose: side('    Privileged: true\n'), error: /services\.side\.Privileged/ },
     { name: 'path-name', compose: 'services:\n  main: {}\n  "../../../tmp/rf-sh-escape":\n    image: python:3.12-slim\n', error: /services/ },
   ];
 
@@ -355,7 +411,7 @@ describe('hostile compose files are refused at enqueue, naming the service and t
     expect(await env.episodes.getJobCounts()).toEqual(before);
   });
 
-  it('a YAML alias bomb and 500 services: `enqueue` refuses them quickly (exit 2), enqueueing nothing', async () => {
+  it('a YAML alias bomb and 500 services: `enqueue` refuses them quickly (exit 2), naming the compose file, enqueueing nothing', async () => {
     // Nine levels of nine: 387,420,489 strings once expanded. Run through the CLI, so a parser that expands it cannot hang this file.
     let bomb = 'x-a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n';
     const levels = 'abcdefghi';
@@ -368,11 +424,13 @@ describe('hostile compose files are refused at enqueue, naming the service and t
       const run = await runCli(['enqueue', await batchOf([await variant(name, compose)])], env.env, 60_000);
       const sec = (Date.now() - started) / 1000;
       expect(run.code, `${name}: exit ${run.code} after ${sec} s\n${run.stdout.slice(-1000)}\n${run.stderr.slice(-2000)}`).toBe(2);
-      expect(run.stderr, name).toMatch(/docker-compose\.yaml|services/);
       expect(run.stderr.length, name).toBeLessThan(4000);
       expect(sec, name).toBeLessThan(30);
+      console.log(`${name}: exit ${run.code} after ${sec.toFixed(1)} s: ${run.stderr.trim().split('\n')[0]!.slice(0, 300)}`);
+      expect(await env.episodes.getJobCounts()).toEqual(before);
+      // USAGE.md: the message names the file (the compose file, not task.toml) and the field.
+      expect(run.stderr, name).toMatch(/docker-compose\.yaml/);
     }
-    expect(await env.episodes.getJobCounts()).toEqual(before);
   }, 150_000);
 
   it('a Terminal-Bench 1 sidecar with host networking or a host bind is refused, naming the service and the key', async () => {
