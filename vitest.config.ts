@@ -20,6 +20,7 @@ export const STRESS_FILES = [
   'test/integration/hostile-sandbox.test.ts',
   'test/integration/harbor-hostile.test.ts',
   'test/integration/python-client.test.ts',
+  'test/integration/services-hostile.test.ts',
 ];
 
 /** What the files on services share: dist/ built first, two workers on 2 cores. */

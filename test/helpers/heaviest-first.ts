@@ -21,6 +21,8 @@ const MEASURED_SEC: Record<string, number> = {
   'test/integration/harbor-separate-verifier.test.ts': 30,
   'test/integration/harbor-steps.test.ts': 30,
   'test/integration/harbor-services-modes.test.ts': 25,
+  // Measured alone (32 tests, 47 s; its 1 GiB disk fills and the retried infra error included).
+  'test/integration/services-hostile.test.ts': 47,
   'test/integration/llm-agent.test.ts': 63,
   'test/integration/worker-faults.test.ts': 63,
   'test/integration/evidence.test.ts': 62,
