@@ -9,6 +9,7 @@ import type { AgentEvent } from '../agent/reference/agent-events.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { agentCeilingSec } from '../tasks/task-spec.ts';
 import { watchDisk } from '../sandbox/disk-watch.ts';
+import { largestPartBytes } from '../sandbox/task-services.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 import type { AgentResume } from './resume-phase.ts';
@@ -22,12 +23,12 @@ import type { AgentResume } from './resume-phase.ts';
 export const AGENT_STOP_GRACE_MS = 15_000;
 
 /** What the agent phase uses of the worker's clients and stores. */
-export type AgentDeps = Pick<EpisodeDeps, 'checkpoints' | 'log' | 'outputCapBytes'>;
+export type AgentDeps = Pick<EpisodeDeps, 'checkpoints' | 'log' | 'outputCapBytes' | 'docker' | 'callTimeoutMs'>;
 
 export async function runAgent(
   attempt: EpisodeAttempt,
   deps: AgentDeps,
-  made: Pick<SetUpResult, 'archive' | 'runtime' | 'proxy'>,
+  made: Pick<SetUpResult, 'archive' | 'runtime' | 'proxy' | 'services'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'snapshots' | 'agentRun' | 'timings'>,
   resume: AgentResume | undefined,
@@ -51,9 +52,12 @@ export async function runAgent(
   };
   // Where the engine cannot cap the sandbox's disk, the agent is watched and stopped past its limit:
   // the engine kills the sandbox at once (no pid needed inside), then the agent's signal aborts.
+  // With task services every part is watched (the engine caps none of a sidecar's layer or volume).
   const diskStop = new AbortController();
-  const diskWatch = session.diskEnforced ? undefined : watchDisk(session, {
+  const services = made.services;
+  const diskWatch = session.diskEnforced && services === undefined ? undefined : watchDisk(session, {
     limitMb: task.limits.diskMb, signal: deadline.signal, log: deps.log,
+    ...(services && { measure: (signal: AbortSignal) => largestPartBytes({ docker: deps.docker, log: deps.log, callTimeoutMs: deps.callTimeoutMs }, services, session, signal) }),
     onExceeded: (err) => {
       deps.log.warn({ containerId: session.containerId, err: err.message }, 'disk limit exceeded; stopping the agent');
       void session.kill(deadline.signal)

@@ -27,6 +27,11 @@ export interface DiskWatchOptions {
   onExceeded(err: FleetError): void;
   /** @default DISK_POLL_MS */
   intervalMs?: number;
+  /**
+   * What is measured, when more than the sandbox's own layer (a task's services: each sidecar's layer
+   * and each named volume): the largest part's bytes and its name. @default the sandbox's writable layer
+   */
+  measure?: (signal: AbortSignal) => Promise<{ bytes: number; part?: string }>;
 }
 
 const MB = 1024 * 1024;
@@ -40,13 +45,15 @@ export function watchDisk(session: SandboxSession, opts: DiskWatchOptions): Disk
 
   const measure = async (s: AbortSignal): Promise<FleetError | undefined> => {
     if (exceeded) return exceeded;
-    const bytes = await session.writableLayerBytes(s);
+    const { bytes, part } = opts.measure ? await opts.measure(s) : { bytes: await session.writableLayerBytes(s), part: undefined };
     // A measurement that comes back after the watch stopped (the agent ended) must not stop the sandbox.
     if (s.aborted) return exceeded;
     if (bytes > limitBytes && !exceeded) {
       exceeded = new FleetError(
         'disk_limit_exceeded',
-        `the agent wrote ${Math.round(bytes / MB)} MB into the sandbox, past its limits.diskMb of ${opts.limitMb} MB, and was stopped`,
+        part === undefined
+          ? `the agent wrote ${Math.round(bytes / MB)} MB into the sandbox, past its limits.diskMb of ${opts.limitMb} MB, and was stopped`
+          : `${part} held ${Math.round(bytes / MB)} MB, past the task's disk limit of ${opts.limitMb} MB, and the episode was stopped`,
       );
       opts.onExceeded(exceeded);
     }

@@ -36,6 +36,8 @@ export interface ServiceNetwork {
   mounts: { volumeName: string; target: string; readOnly: boolean }[];
   /** Each sidecar's container id, by service name (a separate verifier's collect hooks and artifacts). */
   sidecars: Record<string, string>;
+  /** The episode's named volumes: the compose file's name and the engine's. */
+  volumes: { name: string; volumeName: string }[];
 }
 
 export interface ServicesInput {
@@ -166,6 +168,7 @@ export async function startTaskServices(deps: ServicesDeps, input: ServicesInput
     holderId: holder.id,
     mounts: services.main.mounts.map((m) => ({ volumeName: volumeName(m.volume), target: m.target, readOnly: m.readOnly })),
     sidecars: Object.fromEntries([...containers].map(([name, c]) => [name, c.id])),
+    volumes: services.volumes.map((v) => ({ name: v, volumeName: volumeName(v) })),
   };
 }
 
@@ -214,6 +217,38 @@ async function waitHealthy(deps: ServicesDeps, container: Docker.Container, svc:
 export async function execInService(deps: ServicesDeps, containerId: string, command: string, options: { user?: string; timeoutMs: number; signal: AbortSignal }): Promise<number | null> {
   const shell = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$0"; fi; exec sh -c "$0"';
   return execBounded(deps, deps.docker.getContainer(containerId), ['sh', '-c', shell, command], options.timeoutMs, options.signal, options.user);
+}
+
+/**
+ * The largest part of a services environment on disk, for the disk watch of an engine that cannot cap
+ * it (each is held to the task's disk limit, as the sandbox is): the agent's container's writable
+ * layer, each sidecar's, and each of the episode's named volumes (which the agent may share). Sizes
+ * come from the engine (its walk of each layer and volume), never from a program inside.
+ */
+export async function largestPartBytes(deps: ServicesDeps, network: ServiceNetwork, main: { writableLayerBytes(signal: AbortSignal): Promise<number> }, signal: AbortSignal): Promise<{ bytes: number; part: string }> {
+  const call = { timeoutMs: deps.callTimeoutMs, signal };
+  const parts: Promise<{ bytes: number; part: string }>[] = [
+    main.writableLayerBytes(signal).then((bytes) => ({ bytes, part: 'the agent\'s container' })),
+    ...Object.entries(network.sidecars).map(async ([name, id]) => {
+      const info = await dockerCall(`measure task service ${name}`, call, (abortSignal) =>
+        deps.docker.getContainer(id).inspect({ size: true, abortSignal } as object) as Promise<Docker.ContainerInspectInfo & { SizeRw?: number }>);
+      return { bytes: info.SizeRw ?? 0, part: `task service ${name}` };
+    }),
+  ];
+  if (network.volumes.length > 0) {
+    parts.push(dockerCall('measure the task volumes', call, (abortSignal) => deps.docker.df({ abortSignal } as never) as unknown as Promise<{ Volumes?: { Name: string; UsageData?: { Size?: number } }[] }>)
+      .then((df) => {
+        const mine = new Map(network.volumes.map((v) => [v.volumeName, v.name]));
+        let largest = { bytes: 0, part: 'the task volumes' };
+        for (const v of df.Volumes ?? []) {
+          const name = mine.get(v.Name);
+          if (name !== undefined && (v.UsageData?.Size ?? 0) > largest.bytes) largest = { bytes: v.UsageData!.Size!, part: `task volume ${name}` };
+        }
+        return largest;
+      }));
+  }
+  const sizes = await Promise.all(parts);
+  return sizes.reduce((a, b) => (b.bytes > a.bytes ? b : a));
 }
 
 /** Kill every task service of an environment (the agent's container is the caller's); one already stopped is fine. */
