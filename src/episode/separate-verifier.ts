@@ -132,7 +132,13 @@ export async function verifySeparately(
     await asRootIn(v, 'emptying /logs/verifier in the verifier\'s container', HARBOR_VERIFIER_RESET);
     for (const { dir, tar } of carried) {
       await asRootIn(v, `making ${dir} in the verifier's container`, `mkdir -p ${shellQuote(dir)}`);
-      await deadline.run(`restoring the artifacts into ${dir}`, (signal) => v.putArchive(tar, dir, signal));
+      await deadline.run(`restoring the artifacts into ${dir}`, (signal) => v.putArchive(tar, dir, signal).catch((err: unknown) => {
+        // The engine refuses what the task's own files hold (a link out of the container): not the fleet's failure.
+        if (/error processing tar file|invalid symlink/i.test(String((err as Error).message ?? err))) {
+          throw new FleetError('artifact_invalid', `the artifacts for ${dir} could not be restored into the verifier's container: the engine refused them (${String((err as Error).message).slice(0, 200)})`);
+        }
+        throw err;
+      }));
     }
     // Harbor's verifier image holds /tests/test.sh; one that does not gets tests/ (never the agent's container).
     const hasTests = await deadline.run('looking for /tests/test.sh', (signal) => v.exec(`test -f ${TESTS_DIR}/test.sh`, { timeoutMs: 30_000, capBytes: 1024, user: '0', workdir: '/', signal }));

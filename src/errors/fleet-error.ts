@@ -37,6 +37,8 @@ export type FleetErrorCode =
   | 'disk_limit_exceeded'
   /** An artifact a separate verifier was to get is larger than the evidence snapshot's limit. */
   | 'artifact_too_large'
+  /** The engine refused to restore an artifact into the verifier's container (a link out of it, say). */
+  | 'artifact_invalid'
   /** The verifier exited with a code that is neither pass (0) nor fail (1). */
   | 'verifier_crashed'
   /** The verifier passed its timeout. */
@@ -91,6 +93,7 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
     case 'agent_crashed':
     case 'disk_limit_exceeded':
     case 'artifact_too_large':
+    case 'artifact_invalid':
       return { kind: 'agent', retry: false };
     case 'verifier_crashed':
     case 'verifier_timeout':
