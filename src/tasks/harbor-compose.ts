@@ -90,9 +90,15 @@ function fail(message: string): never {
   throw new ComposeProblem(message);
 }
 
-/** A value in a message: printable, with Harbor's variables as the file wrote them. */
-const show = (v: unknown) => JSON.stringify(printable((typeof v === 'string' ? v : JSON.stringify(v) ?? String(v))
-  .replaceAll(CONTEXT_DIR, '${CONTEXT_DIR}').replaceAll(MAIN_IMAGE, '${MAIN_IMAGE_NAME}')));
+/** Text of the file in a message: cut to its first 100 characters and its length past that. */
+const cut = (t: string) => (t.length > 100 ? `${t.slice(0, 100)}...(${t.length} characters)` : t);
+
+/** A value in a message: printable, cut, with Harbor's variables as the file wrote them. */
+const show = (v: unknown) => JSON.stringify(printable(cut((typeof v === 'string' ? v : JSON.stringify(v) ?? String(v))
+  .replaceAll(CONTEXT_DIR, '${CONTEXT_DIR}').replaceAll(MAIN_IMAGE, '${MAIN_IMAGE_NAME}'))));
+
+/** Task services beside main at most (the TaskSpec's bound). */
+export const MAX_SIDECARS = 16;
 
 function isMap(v: unknown): v is Record<string, unknown> {
   return v !== null && typeof v === 'object' && !Array.isArray(v);
@@ -340,7 +346,7 @@ export function readHarborCompose(text: string, ctx: ComposeContext, host: HostE
   const volumesRaw = doc.volumes ?? {};
   if (!isMap(volumesRaw)) fail(`volumes: a map of volume names (got ${show(volumesRaw)})`);
   for (const [name, spec] of Object.entries(volumesRaw)) {
-    if (!/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/.test(name)) fail(`volumes.${name}: not a volume name`);
+    if (!/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/.test(name)) fail(`volumes.${show(name)}: not a volume name`);
     if (spec !== null && !(isMap(spec) && Object.keys(spec).length === 0)) fail(`volumes.${name}: refused: a volume is the episode's own, empty at start (no driver, driver_opts, external or name)`);
   }
   const declared = new Set(Object.keys(volumesRaw));
@@ -348,6 +354,8 @@ export function readHarborCompose(text: string, ctx: ComposeContext, host: HostE
   if (!isMap(servicesRaw) || Object.keys(servicesRaw).length === 0) fail('services: a map of services (main and its sidecars)');
   const names = Object.keys(servicesRaw);
   for (const name of names) if (!/^[a-z0-9][a-z0-9_.-]{0,62}$/.test(name)) fail(`services.${show(name)}: a service name is lower-case letters, digits, "_", "." and "-"`);
+  const beside = names.filter((n) => n !== 'main').length;
+  if (beside > MAX_SIDECARS) fail(`services: at most ${MAX_SIDECARS} task services beside main (got ${beside})`);
   let main: HarborServices['main'] = { dependsOn: [], mounts: [], env: {} };
   const sidecars: HarborSidecar[] = [];
   for (const [name, svcRaw] of Object.entries(servicesRaw)) {

@@ -152,8 +152,16 @@ async function isTaskFolder(dir: string, marker: 'task.yaml' | 'task.toml'): Pro
 function isFileSync(p: string, root: string): boolean {
   const rel = path.relative(root, p);
   if (rel.startsWith('..') || path.isAbsolute(rel)) return false;
+  // Every folder on the way must be a real folder of the task: a link to a folder outside it is not.
+  const parts = rel.split(path.sep);
   try {
-    return lstatSync(p).isFile();
+    let at = root;
+    for (const [i, part] of parts.entries()) {
+      at = path.join(at, part);
+      const st = lstatSync(at);
+      if (i < parts.length - 1 ? !st.isDirectory() : !st.isFile()) return false;
+    }
+    return true;
   } catch {
     return false;
   }

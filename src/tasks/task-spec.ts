@@ -259,7 +259,7 @@ export type HarborSidecar = z.infer<typeof HarborSidecar>;
 export const HarborServices = z.strictObject({
   /** Named volumes (top-level `volumes:`), one per episode, shared by the services mounting them. */
   volumes: z.array(z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/)).max(64),
-  sidecars: z.array(HarborSidecar).min(1).max(16),
+  sidecars: z.array(HarborSidecar).min(1).max(16), // harbor-compose.ts's MAX_SIDECARS, refused there with the file's name
   /** main's entries of the compose file: what the agent's container waits for and mounts. */
   main: z.strictObject({ dependsOn: z.array(DependsOn).max(64), mounts: z.array(ServiceMount).max(64), env: PhaseEnv }),
 });
