@@ -43,6 +43,11 @@ export interface ModelProxyOptions {
   apiKey?: string | undefined;
   /** Model name put in every chat request; unset, the request's own `model` passes through. */
   model?: string | undefined;
+  /** Model name put in a request that names none (the batch's or endpoint's, as the sandbox is told). */
+  defaultModel?: string | undefined;
+  /** The batch's sampling parameters: filled into requests that omit them, or overwriting them with `enforceSampling`. */
+  sampling?: Readonly<Record<string, unknown>> | undefined;
+  enforceSampling?: boolean | undefined;
   budget: ModelBudgetLimits;
   /** JSONL file that gets one line per call. */
   evidenceFile: string;
@@ -78,10 +83,15 @@ export interface ModelProxyStats {
   rateLimited: number;
   /** Requests being handled right now. */
   inFlight: number;
+  /** Sums of usage.prompt_tokens and usage.completion_tokens of the answers charged. */
+  promptTokens: number;
+  completionTokens: number;
 }
 
 export interface ModelProxy {
   readonly socketPath: string;
+  /** The model the episode plays (defaultModel), as the sandbox is told; undefined when none is named. */
+  readonly model: string | undefined;
   stats(): ModelProxyStats;
   /** Stop serving (calls in flight get 503), remove the socket, flush the evidence. Idempotent. */
   close(): Promise<void>;
@@ -155,7 +165,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   setMaxListeners(0, closing.signal);
   const inFlight = new Set<Promise<void>>();
 
-  const counters: CallCounters = { refused: 0, failed: 0, rateLimited: 0 };
+  const counters: CallCounters = { refused: 0, failed: 0, rateLimited: 0, promptTokens: 0, completionTokens: 0 };
   let seq = 0;
   const ledger: CallLedger = { evidence, log, counters, episodeId, taskId, nextSeq: () => ++seq };
   const upstream: UpstreamSettings = {
@@ -172,7 +182,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
     limiter,
     closing: closing.signal,
   };
-  const chat: ChatRouteSettings = { upstream, budget, maxBodyBytes, streamIdleTimeoutMs, model: opts.model, captureTokens: opts.captureTokens === true };
+  const chat: ChatRouteSettings = { upstream, budget, maxBodyBytes, streamIdleTimeoutMs, overrides: { forceModel: opts.model, defaultModel: opts.defaultModel, sampling: opts.sampling, enforce: opts.enforceSampling }, captureTokens: opts.captureTokens === true };
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const call = new ProxyCall(ledger, req, res);
@@ -218,6 +228,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   const stats = (): ModelProxyStats => ({ calls: budget.calls, tokens: budget.tokens, ...counters, inFlight: inFlight.size });
   return {
     socketPath,
+    model: opts.defaultModel ?? opts.model,
     stats,
     close() {
       closed ??= (async () => {
