@@ -31,7 +31,7 @@ export const CommandAgentSpec = z.strictObject({
 /** The reference LLM agent: a tool-calling loop in the sandbox, talking to the model through the proxy. */
 export const LlmAgentSpec = z.strictObject({
   kind: z.literal('llm'),
-  /** Model name sent in requests (MODEL_NAME on the worker overrides it). @default "default" */
+  /** Model name sent in requests (the batch's `model.name`, else its endpoint's model or MODEL_NAME, wins). @default "default" */
   model: z.string().min(1).default('default'),
   /** @default 30 */
   maxTurns: z.number().int().min(1).max(1_000).default(30),
