@@ -13,6 +13,8 @@ import { endpointIdentity } from '../../src/model/fleet-limits.ts';
 import { applyOverrides } from '../../src/model/request-overrides.ts';
 import { BatchFile } from '../../src/tasks/batch-spec.ts';
 import { describeIssues } from '../../src/config/zod-issues.ts';
+import { batchPage } from '../../src/dashboard/batch-view.ts';
+import { formatSummary, summarize } from '../../src/results/batch-summary.ts';
 
 const problemsOf = (f: () => unknown): string[] => {
   try {
@@ -151,5 +153,17 @@ describe("the proxy's request overrides", () => {
     expect(applyOverrides(sent, { forceModel: 'batch-model', defaultModel: 'batch-model', sampling: { temperature: 0.2, seed: 5 }, enforce: true })).toEqual({ ...sent, model: 'batch-model', temperature: 0.2, seed: 5 });
     // The agent's body is left as it was (the evidence keeps it).
     expect(sent.temperature).toBe(1.3);
+  });
+});
+
+describe("a batch's endpoint and model in its summary and on its page", () => {
+  it('are in the summary (status, --json) and the batch page; `default` for a batch naming none', () => {
+    const manifest = { batchId: 'b', name: 'n', createdAt: '2026-01-01T00:00:00.000Z', episodeIds: ['b.t.0'], model: { endpoint: 'fast', name: 'qwen<3>' } };
+    const summary = summarize('b', 1, [], 1, manifest.model);
+    expect(summary.model).toEqual({ endpoint: 'fast', name: 'qwen<3>' });
+    expect(formatSummary(summary)).toContain('model endpoint fast, model qwen<3>');
+    const page = batchPage({ manifest, summary, results: [] }, { bullBoardPath: '/queues', episodesQueue: 'episodes' }).value;
+    expect(page).toContain('model endpoint <b class="model-endpoint">fast</b>, model <b class="model-name">qwen&lt;3&gt;</b>');
+    expect(summarize('b', 1, []).model).toEqual({ endpoint: 'default' });
   });
 });
