@@ -122,8 +122,7 @@ function assembleResult(
   const { proxy } = trail.setUp;
   // The agent's own count (the llm agent's, earlier attempts included), else what the episode's model
   // proxy counted of this attempt's calls (a command agent: any client in the sandbox).
-  const proxyStats = proxy?.stats();
-  const usage = agentRun?.usage ?? (proxyStats && { promptTokens: proxyStats.promptTokens, completionTokens: proxyStats.completionTokens, totalTokens: proxyStats.tokens });
+  const usage = agentRun?.usage ?? proxy?.usage();
   // The endpoint and model the episode played: its batch's, or the endpoint it ran a proxy for.
   const played = job.model !== undefined || proxy !== undefined
     ? { endpoint: job.model?.endpoint ?? DEFAULT_ENDPOINT, ...((proxy?.model ?? job.model?.name) !== undefined && { name: (proxy?.model ?? job.model?.name)! }) }

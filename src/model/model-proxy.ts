@@ -83,9 +83,13 @@ export interface ModelProxyStats {
   rateLimited: number;
   /** Requests being handled right now. */
   inFlight: number;
-  /** Sums of usage.prompt_tokens and usage.completion_tokens of the answers charged. */
+}
+
+/** The tokens of the proxy's calls: the usage its answers reported, totalled as the budget charged them. */
+export interface ModelProxyUsage {
   promptTokens: number;
   completionTokens: number;
+  totalTokens: number;
 }
 
 export interface ModelProxy {
@@ -93,6 +97,8 @@ export interface ModelProxy {
   /** The model the episode plays (defaultModel), as the sandbox is told; undefined when none is named. */
   readonly model: string | undefined;
   stats(): ModelProxyStats;
+  /** Sums of usage.prompt_tokens and usage.completion_tokens of the answers charged; total = stats().tokens. */
+  usage(): ModelProxyUsage;
   /** Stop serving (calls in flight get 503), remove the socket, flush the evidence. Idempotent. */
   close(): Promise<void>;
 }
@@ -225,11 +231,14 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   log.info({ socketPath, upstream: base.origin, maxCalls: budget.limits.maxCalls, maxTokens: budget.limits.maxTokens }, 'model proxy started');
 
   let closed: Promise<void> | undefined;
-  const stats = (): ModelProxyStats => ({ calls: budget.calls, tokens: budget.tokens, ...counters, inFlight: inFlight.size });
+  const stats = (): ModelProxyStats => ({
+    calls: budget.calls, tokens: budget.tokens, refused: counters.refused, failed: counters.failed, rateLimited: counters.rateLimited, inFlight: inFlight.size,
+  });
   return {
     socketPath,
     model: opts.defaultModel ?? opts.model,
     stats,
+    usage: () => ({ promptTokens: counters.promptTokens, completionTokens: counters.completionTokens, totalTokens: budget.tokens }),
     close() {
       closed ??= (async () => {
         closing.abort();

@@ -12,6 +12,7 @@ import { settingsEndpoints } from '../../src/episode/episode-attempt.ts';
 import { endpointIdentity } from '../../src/model/fleet-limits.ts';
 import { applyOverrides } from '../../src/model/request-overrides.ts';
 import { BatchFile } from '../../src/tasks/batch-spec.ts';
+import { BatchRequest } from '../../src/api/api-server.ts';
 import { describeIssues } from '../../src/config/zod-issues.ts';
 import { batchPage } from '../../src/dashboard/batch-view.ts';
 import { formatSummary, summarize } from '../../src/results/batch-summary.ts';
@@ -124,6 +125,14 @@ describe("a batch's model options", () => {
   it('take endpoint, name, sampling, enforce and capture', () => {
     const parsed = BatchFile.parse(batch({ endpoint: 'fast', name: 'qwen', sampling: { temperature: 0.7, top_p: 0.9, max_tokens: 256, seed: 7 }, enforce: true, capture: 'tokens' }));
     expect(parsed.model).toEqual({ endpoint: 'fast', name: 'qwen', sampling: { temperature: 0.7, top_p: 0.9, max_tokens: 256, seed: 7 }, enforce: true, capture: 'tokens' });
+  });
+
+  it("are the API's too (POST /v1/batches)", () => {
+    const body = { name: 'api', tasks: ['a'.repeat(64)], agent: { kind: 'oracle' }, model: { endpoint: 'fast', sampling: { seed: 3 }, enforce: true } };
+    expect(BatchRequest.parse(body).model).toEqual({ endpoint: 'fast', sampling: { seed: 3 }, enforce: true });
+    const bad = { ...body, model: { endpoint: 'fast', sampling: { seed: 1.5 } } };
+    const parsed = BatchRequest.safeParse(bad);
+    expect(describeIssues(parsed.error!, bad)).toEqual([expect.stringMatching(/^model\.sampling\.seed: .* \(got 1\.5\)$/)]);
   });
 
   it('name the field and value of each bad one', () => {
