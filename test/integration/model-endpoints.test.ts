@@ -23,7 +23,8 @@ import { formatSummary } from '../../src/results/batch-summary.ts';
 import { RUNTIME_MOUNT_PATH } from '../../src/runtime/runtime-inputs.ts';
 import { readHostFacts } from '../../src/worker/host-facts.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { EXAMPLES, enqueueFile, fleetContainers, silentLog, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import { FleetClient, type BatchEvent } from '../../src/client/fleet-client.ts';
+import { EXAMPLES, enqueueFile, fleetContainers, runCli, silentLog, spawnWorker, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv, type WorkerProcess } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const KEY_ALPHA = `sk-alpha-${process.pid}-only-for-alpha`;
@@ -328,20 +329,53 @@ describe('named model endpoints: two endpoints, two batches, one fleet', () => {
       expect(seen).not.toContain(KEY_ALPHA);
       expect(seen).not.toContain(KEY_BETA);
     }
+    // The results stream and `status --json` carry the command agent's usage and the batch's model.
+    const client = await FleetClient.connect({ redisUrl: env.redis.url, prefix: env.prefix, dataDir: env.dataDir });
+    try {
+      const events: BatchEvent[] = [];
+      for await (const event of client.results(enforced.batchId, { signal: AbortSignal.timeout(30_000) })) events.push(event);
+      const streamed = events.flatMap((e) => (e.kind === 'result' ? [e.result] : []));
+      expect(streamed.map((r) => [r.episodeId, r.usage, r.model])).toEqual([[enforcedResult!.episodeId, enforcedResult!.usage, { endpoint: 'beta', name: 'beta-enforced' }]]);
+    } finally {
+      await client.close();
+    }
+    const status = await runCli(['status', enforced.batchId, '--json'], env.env);
+    expect(status.code, status.stderr).toBe(0);
+    const summary = JSON.parse(status.stdout) as { model: unknown; tokens: { total: number } };
+    expect(summary.model).toEqual({ endpoint: 'beta', name: 'beta-enforced' });
+    expect(summary.tokens.total).toBe(enforcedResult!.usage!.totalTokens);
+    expect(summary.tokens.total).toBeGreaterThan(0);
+    const text = await runCli(['status', enforced.batchId], env.env);
+    expect(text.stdout).toContain('model endpoint beta, model beta-enforced');
     await waitForNoContainers(free.batchId);
     await waitForNoContainers(enforced.batchId);
   });
 
-  it('a worker without the batch\'s endpoint fails the episode as unknown_endpoint (kind model), before any sandbox, never with a reward', async () => {
+  it("a worker process without the batch's endpoint fails the episode as unknown_endpoint (kind model), before any sandbox, never with a reward", async () => {
     await Promise.all(workers.splice(0).map((w) => w.close()));
     await waitFor('no live worker facts', async () => (await readHostFacts(env.client, env.prefix)).length === 0);
     // No live worker: enqueue cannot tell, and accepts.
     const plan = await enqueueFile(env, await writeBatch(`name: ep-orphan\ntasks: [${JSON.stringify(FIX_GREETING)}]\nagent: { kind: llm }\nmodel: { endpoint: beta }\n`, {}));
-    workers.push(await startEnvWorker(env, 'ep-w3', { concurrency: 1, callTimeoutMs: 30_000, retryBudgets: { infra: 0, model: 1 }, model: models([table[0]!]) }));
-    const [result] = await waitForResults(env, plan.batchId, 1, 120_000);
-    expect(result).toMatchObject({ status: 'error', reward: null, attempts: 2, error: { kind: 'model', code: 'unknown_endpoint' } });
-    expect(result!.error!.message).toMatch(/^model\.endpoint: worker ep-w3 has no endpoint "beta" in its table \(it has "alpha"\)/);
-    expect(result!.sandbox).toBeUndefined();
-    expect(await fleetContainers('batch', plan.batchId)).toEqual([]);
+    // The worker command, its table from FLEET_MODEL_ENDPOINTS and its key from the variable keyEnv names.
+    const tableEnv = { ...env.env, FLEET_MODEL_ENDPOINTS: JSON.stringify([{ name: 'alpha', baseUrl: alpha.baseUrl, keyEnv: 'EP_ALPHA_KEY', maxConcurrent: 1 }]), FLEET_MODEL_RETRIES: '1', FLEET_INFRA_RETRIES: '0' };
+    // Without the key's variable it does not start, naming the variable (never a value).
+    const keyless = await runCli(['worker'], { ...tableEnv, FLEET_WORKER_ID: 'ep-keyless' }, 60_000);
+    expect(keyless.code).not.toBe(0);
+    expect(keyless.stderr).toMatch(/FLEET_MODEL_ENDPOINTS: 0\.keyEnv: the environment variable EP_ALPHA_KEY that holds the key of endpoint "alpha" is not set/);
+    const proc: WorkerProcess = spawnWorker({ ...tableEnv, EP_ALPHA_KEY: KEY_ALPHA }, 'ep-w3', 1);
+    try {
+      await waitFor('the worker to report its endpoints', async () => (await readHostFacts(env.client, env.prefix)).some((f) => f.workerId === 'ep-w3' && f.modelEndpoints?.join(',') === 'alpha'));
+      const [result] = await waitForResults(env, plan.batchId, 1, 120_000);
+      expect(result).toMatchObject({ status: 'error', reward: null, attempts: 2, error: { kind: 'model', code: 'unknown_endpoint' }, model: { endpoint: 'beta' } });
+      expect(result!.error!.message).toMatch(/^model\.endpoint: worker ep-w3 has no endpoint "beta" in its table \(it has "alpha"\)/);
+      expect(result!.sandbox).toBeUndefined();
+      expect(await fleetContainers('batch', plan.batchId)).toEqual([]);
+      // Enqueue now sees the live worker's table, and refuses beta.
+      await expect(enqueueFile(env, await writeBatch(`name: ep-orphan2\ntasks: [${JSON.stringify(FIX_GREETING)}]\nagent: { kind: llm }\nmodel: { endpoint: beta }\n`, {})))
+        .rejects.toThrow(/model\.endpoint: no live worker has the endpoint "beta" in its table \(FLEET_MODEL_ENDPOINTS\); the 1 live worker\(s\) have "alpha" \(got "beta"\)/);
+    } finally {
+      expect(await proc.stop()).toBe(0);
+    }
+    expect(proc.output()).not.toContain(KEY_ALPHA);
   });
 });
