@@ -21,6 +21,8 @@ export interface AgentContext {
   runtimeMountPath?: string;
   /** The episode's model proxy socket, the same path inside the sandbox and out. */
   modelSocket?: string;
+  /** The model the episode plays (its batch's `model.name`, else its endpoint's), when one is named. */
+  modelName?: string;
   /** The conversation to resume from (the latest durable checkpoint). */
   resume?: AgentInput['resume'];
   /** Every event the agent reports (model calls, tool calls, checkpoints, its ending). */

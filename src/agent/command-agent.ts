@@ -20,9 +20,17 @@ export function agentEnv(task: TaskSpec): Record<string, string> {
   return { TASK_ID: task.id, TASK_INSTRUCTION: task.instruction };
 }
 
-/** The model's address as OpenAI-compatible clients read it from the environment. */
-export function modelEnv(port = SANDBOX_MODEL_PORT): Record<string, string> {
-  return { OPENAI_BASE_URL: `http://127.0.0.1:${port}/v1`, OPENAI_API_KEY: SANDBOX_API_KEY };
+/**
+ * The model's address (and name, when the episode has one) as OpenAI-compatible clients read them from
+ * the environment: OPENAI_MODEL (qwen-code, the OpenAI Agents SDK's examples, many scripts) and
+ * OPENAI_MODEL_NAME (litellm-style and others) both hold the name.
+ */
+export function modelEnv(port = SANDBOX_MODEL_PORT, modelName?: string): Record<string, string> {
+  return {
+    OPENAI_BASE_URL: `http://127.0.0.1:${port}/v1`,
+    OPENAI_API_KEY: SANDBOX_API_KEY,
+    ...(modelName !== undefined && { OPENAI_MODEL: modelName, OPENAI_MODEL_NAME: modelName }),
+  };
 }
 
 export class CommandAgent implements Agent {
@@ -41,7 +49,7 @@ export class CommandAgent implements Agent {
     return ctx.session.exec(this.command, {
       timeoutMs: ctx.ceilingMs,
       capBytes: ctx.outputCapBytes,
-      env: { ...agentEnv(ctx.task), ...(gateway && modelEnv()) },
+      env: { ...agentEnv(ctx.task), ...(gateway && modelEnv(SANDBOX_MODEL_PORT, ctx.modelName)) },
       signal: ctx.signal,
     });
   }

@@ -32,7 +32,8 @@ export class LlmAgent implements Agent {
       instruction: ctx.task.instruction,
       workdir: ctx.task.workdir,
       modelSocket,
-      model: this.spec.model,
+      // The batch's (or endpoint's) model when one is named; the spec's own otherwise.
+      model: ctx.modelName ?? this.spec.model,
       maxTurns: this.spec.maxTurns,
       contextWindowTokens: this.spec.contextWindowTokens,
       outputReserveTokens: this.spec.outputReserveTokens,

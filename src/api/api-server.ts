@@ -63,6 +63,7 @@ export const BatchSummaryBody = z.strictObject({
   passAt: z.record(z.string(), z.number()).describe('unbiased pass@k averaged over tasks, by k ("1" and the samples per task)'),
   phases: z.record(z.enum(PHASES), z.strictObject({ p50: z.number(), p95: z.number(), n: z.number().int() })),
   tokens: z.strictObject({ prompt: z.number(), completion: z.number(), total: z.number() }),
+  model: z.strictObject({ endpoint: z.string(), name: z.string().optional() }).describe("the endpoint (its name in the workers' table) and model name the batch plays; endpoint \"default\" for a batch that names none"),
 });
 const StoredTaskBody = z.object({ digest: z.string(), taskId: z.string(), bytes: z.number().int() });
 /** A batch over HTTP: a batch file's fields, its tasks named by digest (a folder on the server never). */

@@ -4,7 +4,8 @@
 // episodes for stall detection to return).
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
-import type { FleetConfig } from '../config/config.ts';
+import { ConfigError, configEndpoints, type FleetConfig } from '../config/config.ts';
+import { DEFAULT_ENDPOINT, EndpointTableError } from '../config/model-endpoints.ts';
 import { untilAborted } from '../deadlines/deadline.ts';
 import type { ModelSettings } from '../episode/episode-attempt.ts';
 import { CLOSE_GRACE_MS, startWorker, type WorkerHandle } from '../worker/start-worker.ts';
@@ -18,11 +19,17 @@ import { openArtifactStore } from '../artifacts/open-store.ts';
  */
 export const EXIT_NOT_HANDED_BACK = 5;
 
-export function modelSettings(config: FleetConfig, baseUrl: string): ModelSettings {
+/**
+ * The worker's model settings: the `default` endpoint of MODEL_BASE_URL (`baseUrl`) and the table's
+ * (FLEET_MODEL_ENDPOINTS, keys read from `env`), with the budgets every episode's proxy gets.
+ */
+export function modelSettings(config: FleetConfig, baseUrl: string | undefined = config.MODEL_BASE_URL, env: NodeJS.ProcessEnv = process.env): ModelSettings {
   return {
     baseUrl,
     apiKey: config.MODEL_API_KEY,
     name: config.MODEL_NAME,
+    // The table's own endpoints (its `default`, if any, only when MODEL_BASE_URL makes none).
+    endpoints: configEndpoints({ ...config, MODEL_BASE_URL: undefined }, env).filter((e) => baseUrl === undefined || e.name !== DEFAULT_ENDPOINT),
     maxCalls: config.MODEL_MAX_CALLS,
     maxTokens: config.MODEL_MAX_TOKENS,
     requestTimeoutMs: config.MODEL_REQUEST_TIMEOUT_MS,
@@ -33,6 +40,16 @@ export function modelSettings(config: FleetConfig, baseUrl: string): ModelSettin
       tokensPerMinute: config.MODEL_TOKENS_PER_MINUTE,
     },
   };
+}
+
+/** modelSettings for the worker command: a table whose keys' variables are missing stops it (a ConfigError). */
+function workerModelSettings(config: FleetConfig): ModelSettings {
+  try {
+    return modelSettings(config);
+  } catch (err) {
+    if (err instanceof EndpointTableError) throw new ConfigError(err.problems);
+    throw err;
+  }
 }
 
 export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
@@ -70,7 +87,7 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     envPrune: { budgetBytes: config.FLEET_ENV_IMAGE_BUDGET_MB * 2 ** 20, everyMs: config.FLEET_ENV_PRUNE_INTERVAL_MS, minIdleMs: config.FLEET_ENV_IMAGE_MIN_IDLE_MS },
     ...(config.FLEET_RUNTIME_CACHE !== undefined && { runtimeCacheDir: config.FLEET_RUNTIME_CACHE }),
     ...(config.FLEET_RUNTIME_SCOPE !== undefined && { runtimeVolumeScope: config.FLEET_RUNTIME_SCOPE }),
-    ...(config.MODEL_BASE_URL !== undefined && { model: modelSettings(config, config.MODEL_BASE_URL) }),
+    model: workerModelSettings(config),
     checkpointKeep: config.FLEET_CHECKPOINT_KEEP,
     checkpointWorkspaceCapBytes: config.FLEET_CHECKPOINT_WORKSPACE_CAP_BYTES,
     checkpointStagedTtlMs: config.FLEET_CHECKPOINT_STAGED_TTL_MS,

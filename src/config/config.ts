@@ -6,6 +6,7 @@ import { z } from 'zod';
 import { parseArtifactsLocation } from '../artifacts/artifacts-location.ts';
 import { DEFAULT_RETRY_BUDGETS, MAX_RETRIES_PER_KIND } from '../errors/retry-budgets.ts';
 import { describeIssues } from './zod-issues.ts';
+import { DEFAULT_ENDPOINT, EndpointTableError, loadEndpointTable, type ModelEndpoint } from './model-endpoints.ts';
 
 const positiveInt = z.coerce.number().int().positive();
 
@@ -112,6 +113,16 @@ export const FleetConfig = z.object({
   MODEL_API_KEY: z.string().min(1).optional(),
   /** Model name the proxy puts in every request; unset, the agent's own `model` passes through. */
   MODEL_NAME: z.string().min(1).optional(),
+  /**
+   * The table of named model endpoints, as JSON: a list of `{ name, baseUrl, keyEnv?, model?,
+   * maxConcurrent?, requestsPerMinute?, tokensPerMinute?, capture? }` (keyEnv names the environment
+   * variable holding the endpoint's key; the key never leaves the worker). A batch picks one with
+   * `model.endpoint`. MODEL_BASE_URL and the MODEL_* settings are the endpoint named `default`.
+   * See docs/MODEL-GATEWAY.md. Unset: only `default`, when MODEL_BASE_URL is set.
+   */
+  FLEET_MODEL_ENDPOINTS: z.string().min(1).optional(),
+  /** The same table in a file (JSON or YAML: a list, or `{ endpoints: [...] }`); set this or FLEET_MODEL_ENDPOINTS. */
+  FLEET_MODEL_ENDPOINTS_FILE: z.string().min(1).optional(),
   /** Model calls one episode may make through its proxy; the next one is refused with 429. @default 100 */
   MODEL_MAX_CALLS: positiveInt.default(100),
   /** Tokens (`usage.total_tokens`) one episode may use; a request whose max_tokens would pass it is refused. @default 1000000 */
@@ -196,5 +207,29 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): FleetConfig {
   );
   const parsed = FleetConfig.safeParse(input);
   if (!parsed.success) throw new ConfigError(describeIssues(parsed.error, input));
+  // The endpoint table's form is checked here too, so a bad one stops every command at start (its
+  // keys' variables only where they are used: the worker, through modelSettings).
+  try {
+    configEndpoints(parsed.data, env, false);
+  } catch (err) {
+    if (err instanceof EndpointTableError) throw new ConfigError(err.problems);
+    throw err;
+  }
   return parsed.data;
+}
+
+/**
+ * Every model endpoint of the configuration: `default` from MODEL_BASE_URL, MODEL_API_KEY, MODEL_NAME
+ * and the MODEL_* limits (when MODEL_BASE_URL is set), then FLEET_MODEL_ENDPOINTS or its file, with
+ * their keys read from `env`. Throws EndpointTableError.
+ */
+export function configEndpoints(config: FleetConfig, env: NodeJS.ProcessEnv = process.env, requireKeys = true): ModelEndpoint[] {
+  const legacy: ModelEndpoint | undefined = config.MODEL_BASE_URL === undefined ? undefined : {
+    name: DEFAULT_ENDPOINT,
+    baseUrl: config.MODEL_BASE_URL,
+    apiKey: config.MODEL_API_KEY,
+    model: config.MODEL_NAME,
+    limits: { maxConcurrent: config.MODEL_MAX_CONCURRENT, requestsPerMinute: config.MODEL_REQUESTS_PER_MINUTE, tokensPerMinute: config.MODEL_TOKENS_PER_MINUTE },
+  };
+  return loadEndpointTable({ json: config.FLEET_MODEL_ENDPOINTS, file: config.FLEET_MODEL_ENDPOINTS_FILE, legacy }, env, requireKeys);
 }

@@ -54,7 +54,7 @@ export function batchPages(opts: BatchPagesOptions): Router {
     const cached = summaries.get(manifest.batchId);
     if (cached?.done === done) return cached;
     const stored = done >= manifest.episodeIds.length ? await results.storedSummary(manifest.batchId) : undefined;
-    const summary = stored?.done === done ? stored : summarize(manifest.batchId, manifest.episodeIds.length, await results.results(manifest.batchId), manifest.passThreshold);
+    const summary = stored?.done === done ? stored : summarize(manifest.batchId, manifest.episodeIds.length, await results.results(manifest.batchId), manifest.passThreshold, manifest.model);
     const entry = { done, summary, lastCompletionMs: summary.finished ? await rates.lastCompletionMs(manifest.batchId) : undefined };
     summaries.delete(manifest.batchId);
     summaries.set(manifest.batchId, entry);
@@ -90,7 +90,7 @@ export function batchPages(opts: BatchPagesOptions): Router {
     }
     // The outlines (status, reward, timings, worker...) are all the page shows of each result.
     const all = await results.outlines(manifest.batchId, manifest);
-    const summary = summarize(manifest.batchId, manifest.episodeIds.length, all, manifest.passThreshold);
+    const summary = summarize(manifest.batchId, manifest.episodeIds.length, all, manifest.passThreshold, manifest.model);
     if (!summary.finished) await rates.refresh([manifest.batchId]);
     const lastCompletionMs = summary.finished ? await rates.lastCompletionMs(manifest.batchId) : undefined;
     const filter = parseEpisodeFilter(req.query as Record<string, unknown>);

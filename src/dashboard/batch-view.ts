@@ -165,7 +165,9 @@ export function batchPage(data: BatchPageData, links: Links): SafeHtml {
   const statusCount = (s: string) => (s === 'pending' ? summary.total - summary.done : summary.byStatus[s as EpisodeStatus]);
   const taskIds = tasks.map((t) => t.taskId).sort();
 
+  const played = summary.model ?? manifest.model;
   const body = html`<p>name <b>${manifest.name}</b>, created ${manifest.createdAt}</p>
+<p class="model">model endpoint <b class="model-endpoint">${played?.endpoint ?? 'default'}</b>${played?.name !== undefined ? html`, model <b class="model-name">${played.name}</b>` : ''}</p>
 <p class="progress">progress: <b>${summary.done}/${summary.total}</b> done${summary.finished ? '' : ' (running)'}; pass rate <b class="pass-rate">${percent(summary.byStatus.passed, summary.done)}</b>; mean reward <b class="mean-reward">${fixed(summary.meanReward)}</b>${ks.map((k) => html`; pass@${k} <b>${fixed(summary.passAt[String(k)])}</b>`)}; passed means reward &gt;= <b class="pass-threshold">${threshold}</b></p>
 <p class="rate">throughput ${data.perMinute === undefined || data.perMinute === null ? '-' : `${data.perMinute.toFixed(1)} episodes/min`}${summary.finished ? '' : `; ETA ${data.etaMs === undefined || data.etaMs === null ? '-' : formatDuration(data.etaMs)}`}</p>
 <h2>Outcome</h2>

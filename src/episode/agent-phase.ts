@@ -71,6 +71,7 @@ export async function runAgent(
       signal: AbortSignal.any([phaseSignal, diskStop.signal]),
       runtimeMountPath: made.runtime.mountPath,
       ...(made.proxy && { modelSocket: made.proxy.socketPath }),
+      ...(made.proxy?.model !== undefined && { modelName: made.proxy.model }),
       ...(resume && { resume }),
       onEvent: (event) => {
         if (event.type !== 'checkpoint') return;

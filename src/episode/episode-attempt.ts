@@ -15,6 +15,7 @@ import type { EvidenceStore } from '../evidence/evidence-store.ts';
 import type { ExtractLimits, ExtractReport } from '../evidence/safe-extract.ts';
 import type { EndpointLimiter } from '../model/endpoint-limiter.ts';
 import type { FleetLimits } from '../model/fleet-limits.ts';
+import { DEFAULT_ENDPOINT, type ModelEndpoint } from '../config/model-endpoints.ts';
 import type { ModelProxy } from '../model/model-proxy.ts';
 import type { RuntimeGeneration } from '../runtime/prepare-runtime.ts';
 import type { SandboxPool } from '../sandbox/sandbox-pool.ts';
@@ -47,8 +48,8 @@ export interface EpisodeDeps {
   prepareRuntime(signal: AbortSignal): Promise<RuntimeGeneration>;
   /** Holds per-episode folders (the model proxy's socket), bind-mounted at the same path. */
   dataDir: string;
-  /** The model endpoint behind every episode's proxy; unset, agents that need a model fail (kind model). */
-  model: ModelSettings | undefined;
+  /** The model endpoints behind the episodes' proxies; unset (or lacking a batch's), agents that need one fail (kind model). */
+  model: WorkerModels | undefined;
   /** Where the agent's checkpoints go (never awaited by the agent) and where a retry finds the latest. */
   checkpoints: { sink: CheckpointSink; store: CheckpointStorage };
   /** Copies each attempt's evidence into the artifact store every host reads. */
@@ -59,19 +60,46 @@ export interface EpisodeDeps {
   sandboxRuntime?: SandboxRuntime | undefined;
 }
 
+/** The worker's model settings as given to startWorker: its endpoints, and what every episode's proxy shares. */
 export interface ModelSettings {
-  baseUrl: string;
+  /** The `default` endpoint's base URL (MODEL_BASE_URL); unset when the worker has only the table's endpoints. */
+  baseUrl?: string | undefined;
+  /** The `default` endpoint's key. */
   apiKey?: string | undefined;
-  /** Forces the model name of every request. */
+  /** Forces the model name of every request to the `default` endpoint (MODEL_NAME). */
   name?: string | undefined;
+  /** The `default` endpoint's fleet-wide limits (MODEL_MAX_CONCURRENT, MODEL_REQUESTS_PER_MINUTE, MODEL_TOKENS_PER_MINUTE). */
+  limits?: FleetLimits;
+  /** The endpoints of the table (FLEET_MODEL_ENDPOINTS), beside the `default` one of baseUrl. */
+  endpoints?: readonly ModelEndpoint[];
   maxCalls: number;
   maxTokens: number;
   requestTimeoutMs: number;
   upstreamRetries: number;
-  /** The endpoint's fleet-wide limits (MODEL_MAX_CONCURRENT, MODEL_REQUESTS_PER_MINUTE, MODEL_TOKENS_PER_MINUTE). */
-  limits?: FleetLimits;
-  /** Enforces `limits`, shared by every episode of the worker (and, through Redis, of the fleet). */
-  limiter?: EndpointLimiter;
+}
+
+/** An endpoint as the episodes of a worker use it: with its fleet-wide limiter (state in Redis). */
+export interface WorkerEndpoint extends ModelEndpoint {
+  limiter: EndpointLimiter;
+}
+
+/** The worker's endpoints by name, and the budgets every episode's proxy gets. */
+export interface WorkerModels {
+  endpoints: ReadonlyMap<string, WorkerEndpoint>;
+  maxCalls: number;
+  maxTokens: number;
+  requestTimeoutMs: number;
+  upstreamRetries: number;
+}
+
+/** Every endpoint of `settings`: the `default` one of baseUrl first, then the table's. */
+export function settingsEndpoints(settings: ModelSettings): ModelEndpoint[] {
+  return [
+    ...(settings.baseUrl !== undefined
+      ? [{ name: DEFAULT_ENDPOINT, baseUrl: settings.baseUrl, apiKey: settings.apiKey, model: settings.name, limits: settings.limits ?? {} }]
+      : []),
+    ...(settings.endpoints ?? []),
+  ];
 }
 
 export interface EpisodeAttempt {

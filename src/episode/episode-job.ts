@@ -22,7 +22,7 @@ export const EpisodeJob = z.strictObject({
   /** sha256 of the packed task folder in the task store: what exactly this episode ran. */
   taskDigest: z.string().regex(/^[0-9a-f]{64}$/, 'a sha256 in hex'),
   agent: AgentSpec,
-  /** The batch's model options (token capture). */
+  /** The batch's model options: endpoint, model name, sampling, enforce, token capture. */
   model: ModelOptions.optional(),
   /** The batch's pass threshold: a reward at or above it passes. Unset (jobs of batches without one): 1. */
   passThreshold: PassThreshold.optional(),
@@ -84,8 +84,13 @@ export const EpisodeResult = z.object({
   sandbox: z.object({ containerId: z.string(), pooled: z.boolean() }).optional(),
   /** The checkpoint (seq) this attempt resumed from, when an earlier attempt left one. */
   resumedFrom: z.number().int().optional(),
-  /** Model tokens the agent used (LLM agents only). */
+  /**
+   * Model tokens the agent used: the llm agent's own count (earlier attempts included), any other
+   * agent's as its episode's model proxy counted them (this attempt's calls). Absent without a proxy.
+   */
   usage: z.object({ promptTokens: z.number(), completionTokens: z.number(), totalTokens: z.number() }).optional(),
+  /** The model endpoint (its name in the workers' table) and model name the episode played; absent when it used none. */
+  model: z.object({ endpoint: z.string(), name: z.string().optional() }).optional(),
   /** The kernel killed the sandbox for exceeding its memory limit. */
   oomKilled: z.boolean().optional(),
   startedAt: z.string(),

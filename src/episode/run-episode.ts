@@ -6,6 +6,7 @@ import type { EpisodeResult } from './episode-job.ts';
 import type { AgentRun } from '../agent/agent.ts';
 import { stopOf } from '../errors/episode-stop.ts';
 import { toFleetError } from '../errors/fleet-error.ts';
+import { DEFAULT_ENDPOINT } from '../config/model-endpoints.ts';
 import type { ExecResult } from '../sandbox/sandbox-session.ts';
 import { runAgent } from './agent-phase.ts';
 import { closeDeadline, closeEpisode } from './close-phase.ts';
@@ -118,6 +119,14 @@ function assembleResult(
   const { agentRun, verifyRun, resumedFrom } = trail;
   const { job } = attempt;
   const { error } = graded;
+  const { proxy } = trail.setUp;
+  // The agent's own count (the llm agent's, earlier attempts included), else what the episode's model
+  // proxy counted of this attempt's calls (a command agent: any client in the sandbox).
+  const usage = agentRun?.usage ?? proxy?.usage();
+  // The endpoint and model the episode played: its batch's, or the endpoint it ran a proxy for.
+  const played = job.model !== undefined || proxy !== undefined
+    ? { endpoint: job.model?.endpoint ?? DEFAULT_ENDPOINT, ...((proxy?.model ?? job.model?.name) !== undefined && { name: (proxy?.model ?? job.model?.name)! }) }
+    : undefined;
   return {
     episodeId: job.episodeId,
     batchId: job.batchId,
@@ -145,7 +154,8 @@ function assembleResult(
     ...(runtime && { runtime: { generationId: runtime.generationId, warm: runtime.warm, prepareMs: runtime.prepareMs } }),
     ...(lease.containerId !== undefined && { sandbox: { containerId: lease.containerId, pooled: lease.pooled } }),
     ...(agentRun && { agent: summary(agentRun) }),
-    ...(agentRun?.usage && { usage: agentRun.usage }),
+    ...(usage && { usage }),
+    ...(played && { model: played }),
     ...(resumedFrom !== undefined && { resumedFrom }),
     ...(verifyRun && { verifier: summary(verifyRun) }),
     ...(oomKilled !== undefined && { oomKilled }),

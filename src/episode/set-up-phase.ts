@@ -23,7 +23,8 @@ import { startTaskServices, type ServiceNetwork } from '../sandbox/task-services
 import type { SandboxOwner } from '../sandbox/labels.ts';
 import type { VolumeMount } from '../sandbox/container-spec.ts';
 import { harborLogsTar, runHealthcheck } from './harbor-checks.ts';
-import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
+import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult, WorkerEndpoint } from './episode-attempt.ts';
+import { DEFAULT_ENDPOINT } from '../config/model-endpoints.ts';
 
 /** What set-up uses of the worker's clients and stores. */
 export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime'>;
@@ -40,6 +41,8 @@ export async function setUp(
   const log = deps.log;
   const { lease } = trail;
   const made = trail.setUp;
+  // Before anything is fetched or created: a worker without the batch's endpoint runs nothing of it.
+  const endpoint = episodeEndpoint(job, deps);
   const archive = await deadline.run('fetching the task archive from Redis', () => getTaskArchive(deps.redis, deps.prefix, job.taskDigest));
   made.archive = archive;
   // The runtime generation, and beside it a Harbor task's image: its docker_image when the engine has
@@ -88,12 +91,12 @@ export async function setUp(
       : undefined;
     if (claimed !== undefined) lease.attach(claimed.session, { folder: claimed.folder });
     let proxy: ModelProxy | undefined;
-    if (agentUsesModel(job.agent, deps.model !== undefined)) {
+    if (endpoint !== undefined) {
       // In a claimed sandbox, the socket goes into the folder it was created with (a bind mount cannot be added).
       const socketPath = claimed ? path.join(claimed.folder, 'model.sock') : episodeSocketPath(attempt, deps);
       lease.useFolder(path.dirname(socketPath));
       // A proxy that starts after the deadline is closed at once: nothing would ever close it otherwise.
-      proxy = await deadline.run('starting the model proxy', () => startEpisodeProxy(attempt, deps, socketPath), (late) => {
+      proxy = await deadline.run('starting the model proxy', () => startEpisodeProxy(attempt, deps, endpoint, socketPath), (late) => {
         late.close()
           .then(() => rm(path.dirname(late.socketPath), { recursive: true, force: true }))
           .catch((err: unknown) => log.warn({ err: String(err) }, 'closing a model proxy that started too late failed'));
@@ -174,25 +177,54 @@ function episodeSocketPath(attempt: EpisodeAttempt, deps: Pick<SetUpDeps, 'dataD
   return modelSocketPath(deps.dataDir, folderId);
 }
 
-/** The episode's model proxy: the sandbox's one way out, to the configured endpoint only. */
-async function startEpisodeProxy(attempt: EpisodeAttempt, deps: SetUpDeps, socketPath: string): Promise<ModelProxy> {
-  const { job } = attempt;
-  if (deps.model === undefined) {
+/**
+ * The endpoint an episode's agent plays, when it uses a model: the batch's `model.endpoint` (else
+ * `default`). A command agent that says nothing uses one when the batch names an endpoint or the worker
+ * has `default`. An endpoint this worker lacks fails the attempt before anything is set up: `default`
+ * as a model_error naming MODEL_BASE_URL, a named one as unknown_endpoint; both are model failures, so
+ * the episode goes back to the queue (another worker may have it) under the model retry budget, and
+ * ends as an error of kind model when that is spent, never with a reward.
+ */
+export function episodeEndpoint(job: EpisodeAttempt['job'], deps: Pick<SetUpDeps, 'model' | 'workerId'>): WorkerEndpoint | undefined {
+  const named = job.model?.endpoint;
+  const name = named ?? DEFAULT_ENDPOINT;
+  const endpoint = deps.model?.endpoints.get(name);
+  if (!agentUsesModel(job.agent, endpoint !== undefined || named !== undefined)) return undefined;
+  if (endpoint !== undefined) return endpoint;
+  if (named === undefined || (named === DEFAULT_ENDPOINT && deps.model === undefined)) {
     throw new FleetError('model_error', `agent ${job.agent.kind} needs a model, and MODEL_BASE_URL is not set on worker ${deps.workerId}`);
   }
+  const known = [...(deps.model?.endpoints.keys() ?? [])];
+  throw new FleetError(
+    'unknown_endpoint',
+    `model.endpoint: worker ${deps.workerId} has no endpoint ${JSON.stringify(named)} in its table (it has ${known.length === 0 ? 'none' : known.map((k) => JSON.stringify(k)).join(', ')}); the episode goes back to the queue for a worker that has it (got ${JSON.stringify(named)})`,
+  );
+}
+
+/** The episode's model proxy: the sandbox's one way out, to its batch's endpoint only. */
+async function startEpisodeProxy(attempt: EpisodeAttempt, deps: SetUpDeps, endpoint: WorkerEndpoint, socketPath: string): Promise<ModelProxy> {
+  const { job } = attempt;
+  const models = deps.model!;
+  const batch = job.model;
+  const name = batch?.name ?? endpoint.model;
+  const forced = endpoint.model !== undefined || batch?.enforce === true ? name : undefined;
+  const capture = batch?.capture ?? endpoint.capture ?? 'none';
   return startModelProxy({
     socketPath,
-    upstreamBaseUrl: deps.model.baseUrl,
-    apiKey: deps.model.apiKey,
-    model: deps.model.name,
-    budget: { maxCalls: deps.model.maxCalls, maxTokens: deps.model.maxTokens },
+    upstreamBaseUrl: endpoint.baseUrl,
+    apiKey: endpoint.apiKey,
+    model: forced,
+    defaultModel: name,
+    sampling: batch?.sampling,
+    enforceSampling: batch?.enforce === true,
+    budget: { maxCalls: models.maxCalls, maxTokens: models.maxTokens },
     evidenceFile: path.join(deps.evidence.folder(job.episodeId, attempt.attempt), MODEL_CALLS_FILE),
     episodeId: job.episodeId,
     taskId: job.task.id,
     log: deps.log,
-    requestTimeoutMs: deps.model.requestTimeoutMs,
-    retry: { retries: deps.model.upstreamRetries },
-    captureTokens: job.model?.capture === 'tokens',
-    ...(deps.model.limiter && { limiter: deps.model.limiter }),
+    requestTimeoutMs: models.requestTimeoutMs,
+    retry: { retries: models.upstreamRetries },
+    captureTokens: capture === 'tokens',
+    limiter: endpoint.limiter,
   });
 }

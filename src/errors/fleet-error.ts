@@ -31,6 +31,8 @@ export type FleetErrorCode =
   | 'worker_lost'
   /** The model endpoint failed after the proxy's own retries. */
   | 'model_error'
+  /** The batch's model endpoint (`model.endpoint`) is not in this worker's table: it goes back to the queue. */
+  | 'unknown_endpoint'
   /** The agent crashed or broke its protocol. */
   | 'agent_crashed'
   /** The agent wrote more than its task's limits.diskMb into the sandbox and was stopped. */
@@ -89,6 +91,7 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
     case 'environment_build_interrupted':
       return { kind: 'infra', retry: true };
     case 'model_error':
+    case 'unknown_endpoint':
       return { kind: 'model', retry: true };
     case 'agent_crashed':
     case 'disk_limit_exceeded':

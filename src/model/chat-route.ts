@@ -16,6 +16,7 @@ import type { ProxyCall } from './proxy-call.ts';
 import { forwardUpstream, type UpstreamSettings } from './proxy-upstream.ts';
 import { relayStream, type RelayResult } from './stream-relay.ts';
 import { withCaptureFields } from './token-capture.ts';
+import { applyOverrides, type RequestOverrides } from './request-overrides.ts';
 
 export interface ChatRouteSettings {
   upstream: UpstreamSettings;
@@ -24,8 +25,8 @@ export interface ChatRouteSettings {
   maxBodyBytes: number;
   /** Longest silence of the endpoint in the middle of a stream. */
   streamIdleTimeoutMs: number;
-  /** Model name put in every request; undefined, the request's own passes through. */
-  model: string | undefined;
+  /** The model name and sampling parameters put into every request (request-overrides.ts). */
+  overrides: RequestOverrides;
   /** Ask the endpoint for token ids and logprobs. */
   captureTokens: boolean;
 }
@@ -42,16 +43,18 @@ export async function handleChat(call: ProxyCall, settings: ChatRouteSettings): 
     // The client went away while sending; nobody is left to answer, but the call is recorded.
     return call.abort(400, 'invalid_request', `request body not received: ${(err as Error).message}`);
   }
-  const json = parseJsonObject(body);
-  call.request = json ?? { notJson: true, bytes: body.length };
-  if (json === undefined) return call.refuse(400, 'invalid_request', 'request body is not a JSON object');
+  const asSent = parseJsonObject(body);
+  // The evidence keeps the request as the agent sent it; upstream gets it with the overrides.
+  call.request = asSent ?? { notJson: true, bytes: body.length };
+  if (asSent === undefined) return call.refuse(400, 'invalid_request', 'request body is not a JSON object');
+  const json = applyOverrides(asSent, settings.overrides);
   const parsed = ChatRequest.safeParse(json);
   if (!parsed.success) return call.refuse(400, 'invalid_request', `invalid chat request: ${describeIssues(parsed.error, json).join('; ')}`);
   const streaming = parsed.data.stream === true;
   if (streaming && (parsed.data.n ?? 1) > 1) {
     return call.refuse(400, 'invalid_request', `n is ${parsed.data.n}: a streamed call (stream: true) must ask for one choice; send n: 1 or stream: false`, { param: 'n' });
   }
-  let forwarded: Record<string, unknown> = settings.model !== undefined ? { ...json, model: settings.model } : json;
+  let forwarded: Record<string, unknown> = json;
   if (settings.captureTokens) forwarded = withCaptureFields(forwarded);
   let forwardUsageChunk = false;
   if (streaming) {

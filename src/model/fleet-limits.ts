@@ -85,6 +85,11 @@ export interface FleetLimiterOptions {
   prefix: string;
   /** The endpoint's base URL; credentials in it are never stored, logged or hashed. */
   endpoint: string;
+  /**
+   * The endpoint's name in the workers' table (FLEET_MODEL_ENDPOINTS; `default` for MODEL_BASE_URL):
+   * part of its keys, so two endpoints of one base URL keep separate limits. Unset: the URL alone.
+   */
+  name?: string | undefined;
   limits: FleetLimits;
   aimd?: AimdOptions;
   log: Logger;
@@ -146,13 +151,17 @@ export interface FleetLimiter extends EndpointLimiter {
   snapshot(): Promise<EndpointLimitMetrics>;
 }
 
-/** The endpoint's key id (a short sha256 of the URL without user:password) and host, for keys and labels. */
-export function endpointIdentity(baseUrl: string): { id: string; host: string } {
+/**
+ * The endpoint's key id and host, for keys and labels: a short sha256 of the URL without user:password,
+ * after the endpoint's name when it has one (`fast.3f9a...`), so each named endpoint has its own limits.
+ */
+export function endpointIdentity(baseUrl: string, name?: string): { id: string; host: string } {
   const u = new URL(baseUrl);
   u.username = '';
   u.password = '';
   const bare = u.href.replace(/\/+$/, '');
-  return { id: createHash('sha256').update(bare).digest('hex').slice(0, 12), host: u.host };
+  const digest = createHash('sha256').update(bare).digest('hex').slice(0, 12);
+  return { id: name === undefined ? digest : `${name}.${digest}`, host: u.host };
 }
 
 // ---- the scripts (src/redis/lua/model-limit-*.lua) ------------------------------------------------
@@ -207,7 +216,7 @@ export function createFleetLimiter(opts: FleetLimiterOptions): FleetLimiter {
   const burstSeconds = positive('burstSeconds', opts.burstSeconds) ?? 1;
   const maxReserveMs = positive('maxReserveMs', opts.maxReserveMs) ?? 5_000;
   const idleTtlMs = Math.ceil(positive('idleTtlMs', opts.idleTtlMs) ?? Math.max(3_600_000, 2 * leaseMs));
-  const { id: endpointId, host } = endpointIdentity(opts.endpoint);
+  const { id: endpointId, host } = endpointIdentity(opts.endpoint, opts.name);
   const log = parentLog.child({ component: 'fleet-limits', endpoint: endpointId, host });
   const state = modelLimitStateKey(prefix, endpointId);
   const leases = modelLimitLeasesKey(prefix, endpointId);
@@ -358,12 +367,12 @@ export async function readEndpointLimitMetrics(redis: Redis, prefix: string): Pr
 }
 
 /**
- * The limiter of MODEL_BASE_URL under MODEL_MAX_CONCURRENT, MODEL_REQUESTS_PER_MINUTE and
- * MODEL_TOKENS_PER_MINUTE; `UNLIMITED` when none is set (or there is no endpoint). A concurrency slot
- * of a dead holder comes back after MODEL_REQUEST_TIMEOUT_MS + 30 s.
+ * The endpoint's limiter (MODEL_MAX_CONCURRENT, MODEL_REQUESTS_PER_MINUTE and MODEL_TOKENS_PER_MINUTE
+ * for `default`, the table's maxConcurrent, requestsPerMinute and tokensPerMinute for the others, keyed
+ * by `name` when given); `UNLIMITED` when no limit is set. A concurrency slot of a dead holder comes
+ * back after the request's deadline + 30 s.
  */
-/** The endpoint's limiter: UNLIMITED when no limit is set. A slot's lease outlives the request's deadline by 30 s. */
-export function endpointLimiter(endpoint: string, limits: FleetLimits, requestTimeoutMs: number, deps: { redis: Redis; prefix: string; log: Logger }): EndpointLimiter {
+export function endpointLimiter(endpoint: string, limits: FleetLimits, requestTimeoutMs: number, deps: { redis: Redis; prefix: string; log: Logger }, name?: string): EndpointLimiter {
   if (Object.values(limits).every((v) => v === undefined)) return UNLIMITED;
-  return createFleetLimiter({ ...deps, endpoint, limits, leaseMs: requestTimeoutMs + 30_000 });
+  return createFleetLimiter({ ...deps, endpoint, name, limits, leaseMs: requestTimeoutMs + 30_000 });
 }

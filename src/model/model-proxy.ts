@@ -43,6 +43,11 @@ export interface ModelProxyOptions {
   apiKey?: string | undefined;
   /** Model name put in every chat request; unset, the request's own `model` passes through. */
   model?: string | undefined;
+  /** Model name put in a request that names none (the batch's or endpoint's, as the sandbox is told). */
+  defaultModel?: string | undefined;
+  /** The batch's sampling parameters: filled into requests that omit them, or overwriting them with `enforceSampling`. */
+  sampling?: Readonly<Record<string, unknown>> | undefined;
+  enforceSampling?: boolean | undefined;
   budget: ModelBudgetLimits;
   /** JSONL file that gets one line per call. */
   evidenceFile: string;
@@ -80,9 +85,20 @@ export interface ModelProxyStats {
   inFlight: number;
 }
 
+/** The tokens of the proxy's calls: the usage its answers reported, totalled as the budget charged them. */
+export interface ModelProxyUsage {
+  promptTokens: number;
+  completionTokens: number;
+  totalTokens: number;
+}
+
 export interface ModelProxy {
   readonly socketPath: string;
+  /** The model the episode plays (defaultModel), as the sandbox is told; undefined when none is named. */
+  readonly model: string | undefined;
   stats(): ModelProxyStats;
+  /** Sums of usage.prompt_tokens and usage.completion_tokens of the answers charged; total = stats().tokens. */
+  usage(): ModelProxyUsage;
   /** Stop serving (calls in flight get 503), remove the socket, flush the evidence. Idempotent. */
   close(): Promise<void>;
 }
@@ -155,7 +171,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   setMaxListeners(0, closing.signal);
   const inFlight = new Set<Promise<void>>();
 
-  const counters: CallCounters = { refused: 0, failed: 0, rateLimited: 0 };
+  const counters: CallCounters = { refused: 0, failed: 0, rateLimited: 0, promptTokens: 0, completionTokens: 0 };
   let seq = 0;
   const ledger: CallLedger = { evidence, log, counters, episodeId, taskId, nextSeq: () => ++seq };
   const upstream: UpstreamSettings = {
@@ -172,7 +188,7 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
     limiter,
     closing: closing.signal,
   };
-  const chat: ChatRouteSettings = { upstream, budget, maxBodyBytes, streamIdleTimeoutMs, model: opts.model, captureTokens: opts.captureTokens === true };
+  const chat: ChatRouteSettings = { upstream, budget, maxBodyBytes, streamIdleTimeoutMs, overrides: { forceModel: opts.model, defaultModel: opts.defaultModel, sampling: opts.sampling, enforce: opts.enforceSampling }, captureTokens: opts.captureTokens === true };
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const call = new ProxyCall(ledger, req, res);
@@ -215,10 +231,14 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
   log.info({ socketPath, upstream: base.origin, maxCalls: budget.limits.maxCalls, maxTokens: budget.limits.maxTokens }, 'model proxy started');
 
   let closed: Promise<void> | undefined;
-  const stats = (): ModelProxyStats => ({ calls: budget.calls, tokens: budget.tokens, ...counters, inFlight: inFlight.size });
+  const stats = (): ModelProxyStats => ({
+    calls: budget.calls, tokens: budget.tokens, refused: counters.refused, failed: counters.failed, rateLimited: counters.rateLimited, inFlight: inFlight.size,
+  });
   return {
     socketPath,
+    model: opts.defaultModel ?? opts.model,
     stats,
+    usage: () => ({ promptTokens: counters.promptTokens, completionTokens: counters.completionTokens, totalTokens: budget.tokens }),
     close() {
       closed ??= (async () => {
         closing.abort();

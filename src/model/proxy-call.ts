@@ -4,7 +4,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
 import type { CallEvidence, CallOutcome, ModelCallRecord } from './call-evidence.ts';
-import { errorBody, sendJson, type ModelErrorType } from './chat-protocol.ts';
+import { Usage, errorBody, sendJson, type ModelErrorType } from './chat-protocol.ts';
 import type { RelayResult } from './stream-relay.ts';
 import { extractTokens } from './token-capture.ts';
 import type { UpstreamAttempt, UpstreamResult } from './upstream.ts';
@@ -14,6 +14,17 @@ export interface CallCounters {
   refused: number;
   failed: number;
   rateLimited: number;
+  /** usage.prompt_tokens and usage.completion_tokens of the answers that reported them. */
+  promptTokens: number;
+  completionTokens: number;
+}
+
+/** Add an answer's reported usage to the counters. */
+function countUsage(counters: CallCounters, body: unknown): void {
+  const usage = Usage.safeParse((body as { usage?: unknown } | null | undefined)?.usage);
+  if (!usage.success) return;
+  counters.promptTokens += usage.data.prompt_tokens ?? 0;
+  counters.completionTokens += usage.data.completion_tokens ?? 0;
 }
 
 /** What every call of one proxy shares: where it is recorded and counted. */
@@ -130,7 +141,10 @@ export class ProxyCall {
     record.response = json ?? answer.body.toString('utf8');
     const captured = json !== undefined ? extractTokens(json) : undefined;
     if (captured !== undefined) record.capture = captured;
-    if (charged !== undefined) record.tokens = charged;
+    if (charged !== undefined) {
+      record.tokens = charged;
+      countUsage(this.ledger.counters, json);
+    }
     return this.finish('answered', answer.status, undefined, {}, { contentType: answer.contentType, body: answer.body });
   }
 
@@ -144,7 +158,10 @@ export class ProxyCall {
     record.stream = { events: relay.events, bytes: relay.bytes, ...(relay.firstEventMs !== undefined && { firstEventMs: relay.firstEventMs }) };
     const captured = extractTokens(relay.completion);
     if (captured !== undefined) record.capture = captured;
-    if (charged !== undefined) record.tokens = charged;
+    if (charged !== undefined) {
+      record.tokens = charged;
+      countUsage(this.ledger.counters, relay.completion);
+    }
     if (relay.error !== undefined) record.error = relay.error;
     if (relay.outcome === 'upstream_failed') {
       this.ledger.counters.failed += 1;

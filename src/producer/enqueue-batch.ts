@@ -16,6 +16,7 @@ import type { ResultsStore } from '../results/results-store.ts';
 import { batchNameFromFile, type LoadedBatch } from '../tasks/load-task.ts';
 import { digestTask, packTask } from '../tasks/pack-task.ts';
 import { putTaskArchive, touchTaskArchive } from '../tasks/task-store.ts';
+import { DEFAULT_ENDPOINT } from '../config/model-endpoints.ts';
 
 /** A task of the plan: its folder (none for a stored task) and the digest its archive had when the plan was made. */
 export interface PlannedTask {
@@ -134,6 +135,26 @@ export async function storeTaskArchives(plan: Pick<BatchPlan, 'tasks'>, redis: R
   }
 }
 
+/**
+ * A batch that names its endpoint (`model.endpoint`) is refused when no live worker has it in its
+ * table (host facts). Not checked when no live worker reports its endpoints (none runs yet, or all are
+ * of a version before the table): a worker without the endpoint then fails the episode as
+ * unknown_endpoint (see set-up-phase.ts), never with a reward.
+ */
+async function checkEndpoint(loaded: LoadedBatch, deps: Pick<EnqueueDeps, 'redis' | 'prefix'>): Promise<void> {
+  const name = loaded.batch.model?.endpoint;
+  if (name === undefined) return;
+  // Loaded only here: the host facts module brings the Docker client, which the client's paths do not need.
+  const { endpointOnSomeWorker, readHostFacts } = await import('../worker/host-facts.ts');
+  const facts = await readHostFacts(deps.redis, deps.prefix).catch(() => []);
+  if (endpointOnSomeWorker(facts, name) !== false) return;
+  const known = [...new Set(facts.flatMap((f) => f.modelEndpoints ?? []))].sort();
+  throw invalidBatch(
+    loaded.file,
+    `model.endpoint: no live worker has the endpoint ${JSON.stringify(name)} in its table (FLEET_MODEL_ENDPOINTS); the ${facts.length} live worker(s) have ${known.length === 0 ? 'none' : known.map((k) => JSON.stringify(k)).join(', ')} (got ${JSON.stringify(name)})`,
+  );
+}
+
 /** How long a second enqueue of a batch waits for the first one's flow before adding it itself. */
 const FLOW_WAIT_MS = 5_000;
 
@@ -179,6 +200,7 @@ export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps, opts:
       }
     }
   }
+  await checkEndpoint(loaded, deps);
   await storeTaskArchives(plan, deps.redis, deps.prefix);
   const first = await deps.results.putManifest({
     batchId: plan.batchId,
@@ -186,6 +208,7 @@ export async function enqueueBatch(loaded: LoadedBatch, deps: EnqueueDeps, opts:
     createdAt: new Date().toISOString(),
     episodeIds: plan.jobs.map((j) => j.episodeId),
     ...(plan.passThreshold !== undefined && { passThreshold: plan.passThreshold }),
+    model: { endpoint: loaded.batch.model?.endpoint ?? DEFAULT_ENDPOINT, ...(loaded.batch.model?.name !== undefined && { name: loaded.batch.model.name }) },
   });
   // The manifest goes first: a second enqueue of the same batch (or a retry of an interrupted one
   // whose flow did land) finds the parent job and adds nothing. One that finds the manifest but no parent

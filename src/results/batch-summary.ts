@@ -27,6 +27,8 @@ export interface BatchSummary {
   /** Milliseconds per phase over the episodes that reached it. */
   phases: Record<Phase, { p50: number; p95: number; n: number }>;
   tokens: { prompt: number; completion: number; total: number };
+  /** The endpoint (its name in the workers' table) and model name the batch plays; `default` for batches that name none. */
+  model: { endpoint: string; name?: string };
 }
 
 function percentile(sorted: ArrayLike<number>, p: number): number {
@@ -47,7 +49,10 @@ export function passAtK(n: number, c: number, k: number): number {
  * The summary of `results` (whole results or their outlines: the same numbers), in the manifest's
  * order; a success of pass@k is a reward of at least `passThreshold` (the batch's, else 1).
  */
-export function summarize(batchId: string, total: number, results: readonly ResultOutline[], passThreshold: number = DEFAULT_PASS_THRESHOLD): BatchSummary {
+export function summarize(
+  batchId: string, total: number, results: readonly ResultOutline[], passThreshold: number = DEFAULT_PASS_THRESHOLD,
+  model: BatchSummary['model'] = { endpoint: 'default' },
+): BatchSummary {
   const byStatus: Record<EpisodeStatus, number> = { passed: 0, failed: 0, timeout: 0, cancelled: 0, error: 0 };
   const byKind: Partial<Record<FailureKind, number>> = {};
   const tokens = { prompt: 0, completion: 0, total: 0 };
@@ -107,6 +112,7 @@ export function summarize(batchId: string, total: number, results: readonly Resu
     passAt,
     phases,
     tokens,
+    model: { endpoint: model.endpoint, ...(model.name !== undefined && { name: model.name }) },
   };
 }
 
@@ -117,6 +123,7 @@ export function formatSummary(s: BatchSummary): string {
   const { setupMs, agentMs, verifyMs, totalMs } = s.phases;
   return [
     `batch ${s.batchId}: ${s.done}/${s.total} done${s.finished ? '' : ' (running)'}`,
+    ...(s.model !== undefined ? [`  model endpoint ${s.model.endpoint}${s.model.name !== undefined ? `, model ${s.model.name}` : ''}`] : []),
     `  ${statuses || 'no results yet'}${kinds ? ` | errors by kind: ${kinds}` : ''}`,
     `  mean reward ${s.meanReward === null ? '-' : s.meanReward.toFixed(3)}${passAt ? `, ${passAt}` : ''}${s.passThreshold !== undefined && s.passThreshold !== DEFAULT_PASS_THRESHOLD ? ` (passed: reward >= ${s.passThreshold})` : ''}`,
     ...(Object.keys(s.metrics).length > 0 ? [`  metrics: ${Object.entries(s.metrics).map(([k, m]) => `${k} ${m.mean.toFixed(3)}`).join(', ')}`] : []),

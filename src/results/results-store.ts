@@ -23,6 +23,8 @@ export const BatchManifest = z.object({
   episodeIds: z.array(z.string()),
   /** The batch's passThreshold (unset: 1), which the summary's pass@k counts by. */
   passThreshold: z.number().optional(),
+  /** The endpoint (and model name) the batch plays: its `model.endpoint` and `model.name`. Absent from batches before it: `default`. */
+  model: z.object({ endpoint: z.string(), name: z.string().optional() }).optional(),
 });
 export type BatchManifest = z.infer<typeof BatchManifest>;
 
@@ -152,12 +154,12 @@ export class ResultsStore {
     if (cached !== null) {
       const c = JSON.parse(cached) as SummaryCache;
       // A summary cached before it carried its pass threshold is computed again.
-      if (c.version === (version ?? '0') && c.results === count && c.summary.passThreshold !== undefined) return c.summary;
+      if (c.version === (version ?? '0') && c.results === count && c.summary.passThreshold !== undefined && c.summary.model !== undefined) return c.summary;
     }
     const manifest = await this.getManifest(batchId);
     if (manifest === undefined) return undefined;
     const read = await this.readOutlines(batchId, manifest);
-    const summary = summarize(batchId, manifest.episodeIds.length, read.outlines, manifest.passThreshold);
+    const summary = summarize(batchId, manifest.episodeIds.length, read.outlines, manifest.passThreshold, manifest.model);
     const entry: SummaryCache = { version: read.version, results: read.count, summary };
     // Only a cache: a reader that may not write (a read-only replica) still has its answer.
     await this.redis.set(this.summaryCacheKey(batchId), JSON.stringify(entry)).catch(() => undefined);

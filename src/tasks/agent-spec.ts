@@ -31,7 +31,7 @@ export const CommandAgentSpec = z.strictObject({
 /** The reference LLM agent: a tool-calling loop in the sandbox, talking to the model through the proxy. */
 export const LlmAgentSpec = z.strictObject({
   kind: z.literal('llm'),
-  /** Model name sent in requests (MODEL_NAME on the worker overrides it). @default "default" */
+  /** Model name sent in requests (the batch's `model.name`, else its endpoint's model or MODEL_NAME, wins). @default "default" */
   model: z.string().min(1).default('default'),
   /** @default 30 */
   maxTurns: z.number().int().min(1).max(1_000).default(30),
@@ -53,13 +53,54 @@ export const LlmAgentSpec = z.strictObject({
 });
 export type LlmAgentSpec = z.infer<typeof LlmAgentSpec>;
 
+/**
+ * An endpoint's name as a batch names it (the worker's table, FLEET_MODEL_ENDPOINTS): the same rule as
+ * src/config/model-endpoints.ts's EndpointName (spelled twice: this file is a leaf of the queue contracts).
+ */
+export const BatchEndpointName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'an endpoint name: letters, digits, ., - and _ (at most 64, not starting with . - or _)');
+
+const finite = z.number().refine(Number.isFinite, 'a finite number');
+
+/**
+ * Sampling parameters of a batch's model calls, in the OpenAI (and vLLM) request's own names. The
+ * proxy fills each into a call that omits it; with `enforce`, it overwrites what the agent sent.
+ */
+export const SamplingOptions = z.strictObject({
+  temperature: finite.min(0).max(2).optional(),
+  top_p: finite.gt(0).max(1).optional(),
+  top_k: z.number().int().min(-1).optional(),
+  min_p: finite.min(0).max(1).optional(),
+  max_tokens: z.number().int().positive().optional(),
+  max_completion_tokens: z.number().int().positive().optional(),
+  seed: z.number().int().optional(),
+  stop: z.union([z.string(), z.array(z.string()).max(16)]).optional(),
+  presence_penalty: finite.min(-2).max(2).optional(),
+  frequency_penalty: finite.min(-2).max(2).optional(),
+  repetition_penalty: finite.gt(0).optional(),
+  logprobs: z.boolean().optional(),
+  top_logprobs: z.number().int().min(0).max(20).optional(),
+});
+export type SamplingOptions = z.infer<typeof SamplingOptions>;
+
 /** What a batch asks of its episodes' model calls. */
 export const ModelOptions = z.strictObject({
+  /** Which endpoint of the workers' table the batch plays (FLEET_MODEL_ENDPOINTS). @default "default" */
+  endpoint: BatchEndpointName.optional(),
+  /**
+   * The model's name: told to the sandbox (OPENAI_MODEL), put in calls that name none, and in every
+   * call when the endpoint forces its model or the batch says `enforce`. @default the endpoint's model
+   */
+  name: z.string().min(1).max(256).optional(),
+  /** Defaults of every call's sampling parameters (overwriting the agent's with `enforce`). */
+  sampling: SamplingOptions.optional(),
+  /** true: `sampling` and `name` overwrite what the agent sends (trainers that must control sampling). @default false */
+  enforce: z.boolean().optional(),
   /**
    * `tokens`: ask the endpoint for token ids and logprobs (vLLM's request fields) in every chat call,
-   * kept per call in the evidence for training. Only for endpoints that accept those fields. @default none
+   * kept per call in the evidence for training. Only for endpoints that accept those fields.
+   * @default the endpoint's capture default, else none
    */
-  capture: z.enum(['none', 'tokens']).default('none'),
+  capture: z.enum(['none', 'tokens']).optional(),
 });
 export type ModelOptions = z.infer<typeof ModelOptions>;
 

@@ -67,6 +67,8 @@ export const WorkerFacts = z.object({
   poolReady: z.number().int().optional(),
   /** The prepare queue of its engine, once it takes its jobs (absent: a worker of a version before it, or one not knowing its engine yet). */
   prepareQueue: z.string().optional(),
+  /** The names of the model endpoints it has (absent from workers of versions before the endpoint table). */
+  modelEndpoints: z.array(z.string()).optional(),
 });
 export type WorkerFacts = z.infer<typeof WorkerFacts>;
 
@@ -89,6 +91,8 @@ export interface HostFactsOptions {
   admission?: () => AdmissionSnapshot & { autotune: boolean };
   /** The prepare queue this worker takes, once it does. */
   prepareQueue?: () => string | undefined;
+  /** The names of the model endpoints this worker has (its endpoint table). */
+  modelEndpoints?: readonly string[];
   log: Logger;
   /** touch() writes at most this often. @default 500 */
   touchEveryMs?: number;
@@ -149,6 +153,7 @@ async function gather(opts: HostFactsOptions): Promise<WorkerFacts> {
     concurrency: opts.concurrency,
     ...(opts.admission && { admission: admissionFacts(opts.admission()) }),
     ...(generation !== undefined && { runtimeGeneration: generation }),
+    ...(opts.modelEndpoints !== undefined && { modelEndpoints: [...opts.modelEndpoints] }),
     images: [...new Set(images.flatMap((i) => [...(i.RepoTags ?? []).filter((t) => t !== '<none>:<none>'), i.Id]))].sort(),
     freeDiskBytes: disk ? disk.bavail * disk.bsize : -1,
     ...liveFacts(opts),
@@ -218,6 +223,16 @@ export async function readHostFacts(redis: Redis, prefix: string): Promise<Worke
     const parsed = v === null ? undefined : WorkerFacts.safeParse(JSON.parse(v));
     return parsed?.success ? [parsed.data] : [];
   }).sort((a, b) => a.workerId.localeCompare(b.workerId));
+}
+
+/**
+ * Whether some live worker has the model endpoint `name`; undefined when it cannot be told (no live
+ * worker, or none of a version that reports its endpoints).
+ */
+export function endpointOnSomeWorker(facts: readonly WorkerFacts[], name: string): boolean | undefined {
+  const reporting = facts.filter((f) => f.modelEndpoints !== undefined);
+  if (reporting.length === 0) return undefined;
+  return reporting.some((f) => f.modelEndpoints!.includes(name));
 }
 
 /** Whether some live worker's engine has `image` (by reference or id); undefined when no worker reports facts. */

@@ -28,7 +28,7 @@ import { checkpointStorage } from '../checkpoints/open-checkpoint-storage.ts';
 import { EvidencePublisher } from '../evidence/publish-evidence.ts';
 import { OUTBOX_INTERVAL_MS, startOutbox } from '../evidence/outbox-loop.ts';
 import { DEFAULT_RETRY_BUDGETS, type RetryBudgets } from '../errors/retry-budgets.ts';
-import type { ModelSettings } from '../episode/episode-attempt.ts';
+import { settingsEndpoints, type ModelSettings, type WorkerModels } from '../episode/episode-attempt.ts';
 import { endpointLimiter } from '../model/fleet-limits.ts';
 import { runtimePreparer } from '../runtime/runtime-preparer.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
@@ -91,7 +91,7 @@ export interface WorkerOptions {
   retryBudgets?: RetryBudgets;
   /** @default 16 MiB total, 4 MiB per file, 2000 files */
   snapshotLimits?: ExtractLimits;
-  /** The model endpoint behind every episode's proxy; unset, llm episodes fail with kind model. */
+  /** The model endpoints behind the episodes' proxies; unset, llm episodes fail with kind model. */
   model?: ModelSettings;
   /** Runtime generations no sandbox used for this long are removed by the reaper. @default 7 days */
   runtimeMaxIdleMs?: number;
@@ -233,7 +233,21 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   // The Worker of this engine's prepare queue, once the engine's id is known (below).
   let prepare: Worker | undefined;
   // Its facts tell the dashboard what runs here, in which phase, within a moment of a change.
+  // One limiter per worker and endpoint: its state is in Redis (keyed by the endpoint's name), shared with every other worker.
+  const models: WorkerModels | undefined = (() => {
+    const settings = opts.model;
+    if (settings === undefined) return undefined;
+    const endpoints = settingsEndpoints(settings);
+    if (endpoints.length === 0) return undefined;
+    return {
+      maxCalls: settings.maxCalls, maxTokens: settings.maxTokens, requestTimeoutMs: settings.requestTimeoutMs, upstreamRetries: settings.upstreamRetries,
+      endpoints: new Map(endpoints.map((e) => [e.name, {
+        ...e, limiter: endpointLimiter(e.baseUrl, e.limits, settings.requestTimeoutMs, { redis: connection, prefix, log }, e.name),
+      }])),
+    };
+  })();
   const hostFacts = startHostFacts({
+    modelEndpoints: [...(models?.endpoints.keys() ?? [])],
     redis: connection, prefix, docker, workerId, concurrency: opts.concurrency, dataDir: opts.dataDir,
     ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: runtime.generation, log,
     running: () => running.list(), poolReady: () => pool.readyCount, admission: () => admission.snapshot(),
@@ -257,7 +271,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     dataDir: opts.dataDir,
     publisher,
     // One limiter per worker and endpoint: its state is in Redis, shared with every other worker.
-    model: opts.model && { ...opts.model, limiter: endpointLimiter(opts.model.baseUrl, opts.model.limits ?? {}, opts.model.requestTimeoutMs, { redis: connection, prefix, log }) },
+    model: models,
     checkpoints: { sink: checkpointSink, store: checkpointStore },
     prepareRuntime: runtime.prepare,
     pool,

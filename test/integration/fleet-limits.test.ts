@@ -292,7 +292,7 @@ describe('fleet-wide model endpoint limits', () => {
     const base = { REDIS_URL: env.redis.url, MODEL_BASE_URL: 'http://127.0.0.1:1/v1' };
     const limiterOf = (vars: Record<string, string>) => {
       const settings = modelSettings(loadConfig(vars), base.MODEL_BASE_URL);
-      return endpointLimiter(settings.baseUrl, settings.limits ?? {}, settings.requestTimeoutMs, { redis: env.client, prefix: env.prefix, log: silentLog });
+      return endpointLimiter(settings.baseUrl!, settings.limits ?? {}, settings.requestTimeoutMs, { redis: env.client, prefix: env.prefix, log: silentLog });
     };
     expect(limiterOf(base)).toBe(UNLIMITED);
     expect(limiterOf({ ...base, MODEL_REQUESTS_PER_MINUTE: '60' })).not.toBe(UNLIMITED);
