@@ -10,6 +10,7 @@ import path from 'node:path';
 import type { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { MODEL_CALLS_FILE, modelSocketPath, startModelProxy, type ModelProxy } from '../model/model-proxy.ts';
+import { episodeEndpoint } from '../model/policy-versions.ts';
 import { removeEnvironment } from '../sandbox/environment-lease.ts';
 import { SANDBOX_USER, SandboxSession } from '../sandbox/sandbox-session.ts';
 import { harborKeepAlive } from '../sandbox/container-spec.ts';
@@ -26,7 +27,7 @@ import { harborLogsTar, runHealthcheck } from './harbor-checks.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 
 /** What set-up uses of the worker's clients and stores. */
-export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime'>;
+export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime' | 'policy'>;
 
 const ROOT = { uid: 0, gid: 0 } as const;
 
@@ -194,5 +195,7 @@ async function startEpisodeProxy(attempt: EpisodeAttempt, deps: SetUpDeps, socke
     retry: { retries: deps.model.upstreamRetries },
     captureTokens: job.model?.capture === 'tokens',
     ...(deps.model.limiter && { limiter: deps.model.limiter }),
+    ...(deps.policy && { policy: deps.policy.forEpisode(episodeEndpoint(job), job.episodeId, job.maxStaleness) }),
+    ...(attempt.onStale && { onStale: attempt.onStale }),
   });
 }

@@ -31,6 +31,11 @@ export type FleetErrorCode =
   | 'worker_lost'
   /** The model endpoint failed after the proxy's own retries. */
   | 'model_error'
+  /**
+   * The episode's policy grew staler than its batch's maxStaleness: the attempt is restarted from
+   * scratch (not retried) up to its batch's maxStaleRestarts, then ends with this error.
+   */
+  | 'policy_stale'
   /** The agent crashed or broke its protocol. */
   | 'agent_crashed'
   /** The agent wrote more than its task's limits.diskMb into the sandbox and was stopped. */
@@ -88,6 +93,8 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
       return { kind: 'infra', retry: true };
     case 'model_error':
       return { kind: 'model', retry: true };
+    case 'policy_stale':
+      return { kind: 'model', retry: false };
     case 'agent_crashed':
     case 'disk_limit_exceeded':
     case 'artifact_too_large':
