@@ -59,6 +59,7 @@ export const BatchSummaryBody = z.strictObject({
   passAt: z.record(z.string(), z.number()).describe('unbiased pass@k averaged over tasks, by k ("1" and the samples per task)'),
   phases: z.record(z.enum(PHASES), z.strictObject({ p50: z.number(), p95: z.number(), n: z.number().int() })),
   tokens: z.strictObject({ prompt: z.number(), completion: z.number(), total: z.number() }),
+  staleRestarts: z.strictObject({ episodes: z.number().int(), restarts: z.number().int() }).describe("restarts from scratch for growing staler than the batch's maxStaleness (apart from infra retries): episodes restarted, restarts in all"),
 });
 const StoredTaskBody = z.object({ digest: z.string(), taskId: z.string(), bytes: z.number().int() });
 /** A batch over HTTP: a batch file's fields, its tasks named by digest (a folder on the server never). */

@@ -27,6 +27,8 @@ export interface BatchSummary {
   /** Milliseconds per phase over the episodes that reached it. */
   phases: Record<Phase, { p50: number; p95: number; n: number }>;
   tokens: { prompt: number; completion: number; total: number };
+  /** Restarts from scratch for staleness (the batch's maxStaleness): episodes restarted, restarts in all. Apart from infra retries. */
+  staleRestarts: { episodes: number; restarts: number };
 }
 
 function percentile(sorted: ArrayLike<number>, p: number): number {
@@ -56,7 +58,12 @@ export function summarize(batchId: string, total: number, results: readonly Resu
   let rewardSum = 0;
   let graded = 0;
   const metricSums = new Map<string, { sum: number; n: number }>();
+  const staleRestarts = { episodes: 0, restarts: 0 };
   for (const r of results) {
+    if (r.staleRestarts !== undefined && r.staleRestarts > 0) {
+      staleRestarts.episodes += 1;
+      staleRestarts.restarts += r.staleRestarts;
+    }
     byStatus[r.status] += 1;
     if (r.error) byKind[r.error.kind] = (byKind[r.error.kind] ?? 0) + 1;
     if (r.reward !== null) {
@@ -107,6 +114,7 @@ export function summarize(batchId: string, total: number, results: readonly Resu
     passAt,
     phases,
     tokens,
+    staleRestarts,
   };
 }
 
@@ -122,5 +130,6 @@ export function formatSummary(s: BatchSummary): string {
     ...(Object.keys(s.metrics).length > 0 ? [`  metrics: ${Object.entries(s.metrics).map(([k, m]) => `${k} ${m.mean.toFixed(3)}`).join(', ')}`] : []),
     `  p50/p95 ms: setup ${setupMs.p50}/${setupMs.p95}, agent ${agentMs.p50}/${agentMs.p95}, verify ${verifyMs.p50}/${verifyMs.p95}, total ${totalMs.p50}/${totalMs.p95}`,
     ...(s.tokens.total > 0 ? [`  tokens ${s.tokens.total} (prompt ${s.tokens.prompt}, completion ${s.tokens.completion})`] : []),
+    ...(s.staleRestarts?.restarts > 0 ? [`  stale restarts ${s.staleRestarts.restarts} (${s.staleRestarts.episodes} episode(s) restarted from scratch past maxStaleness)`] : []),
   ].join('\n');
 }
