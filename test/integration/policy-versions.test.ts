@@ -5,7 +5,6 @@
 // episodes that spanned two bumps, within its bound, with no episode lost or doubled. A gate in front of
 // the stub (loopback) holds chosen calls, so each bump lands at a known point of each conversation.
 import { readFile } from 'node:fs/promises';
-import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -18,77 +17,19 @@ import { MODEL_CALLS_FILE } from '../../src/model/model-proxy.ts';
 import { startModelStub, type ModelStub } from '../../src/model/model-stub.ts';
 import { batchCompletionsKey } from '../../src/redis/redis-keys.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { EXAMPLES, runCli, silentLog, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import { EXAMPLES, runCli, silentLog, startEnvWorker, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
 import { request } from '../helpers/model.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
+import { startGate, type Gate } from '../helpers/model-gate.ts';
 
 const API_KEY = `sk-policy-test-${process.pid}`;
 const TOKEN = 'policy-versions-token-7e1a';
 const TASKS = ['fix-greeting', 'sum-column'].map((t) => path.join(EXAMPLES, 'tasks', t));
 
-interface GateCall { episodeId: string; turn: number; /** Times this (episode, turn) reached the gate, this one included. */ nth: number }
-
-/** A loopback relay in front of the stub that holds the calls `hold` picks until released. */
-async function startGate(stub: ModelStub) {
-  const upstream = new URL(stub.baseUrl!);
-  const seen = new Map<string, number>();
-  const held: Array<{ call: GateCall; release: () => void }> = [];
-  let hold: (c: GateCall) => boolean = () => false;
-  const server = http.createServer((req: IncomingMessage, res: ServerResponse) => {
-    const chunks: Buffer[] = [];
-    req.on('data', (c: Buffer) => chunks.push(c));
-    req.on('end', () => {
-      const body = Buffer.concat(chunks);
-      let turn = -1;
-      try {
-        const json = JSON.parse(body.toString('utf8')) as { messages?: { role: string }[] };
-        turn = (json.messages ?? []).filter((m) => m.role === 'assistant').length;
-      } catch { /* not a chat call: passed on as is */ }
-      const episodeId = String(req.headers['x-rollout-episode'] ?? '');
-      const key = `${episodeId}\0${turn}`;
-      const call = { episodeId, turn, nth: (seen.get(key) ?? 0) + 1 };
-      seen.set(key, call.nth);
-      const forward = () => {
-        const out = http.request({ host: upstream.hostname, port: upstream.port, path: req.url, method: req.method, headers: req.headers }, (answer) => {
-          res.writeHead(answer.statusCode ?? 502, answer.headers);
-          answer.pipe(res);
-        });
-        out.on('error', () => res.destroy());
-        out.end(body);
-      };
-      if (req.method === 'POST' && hold(call)) held.push({ call, release: forward });
-      else forward();
-    });
-  });
-  server.listen(0, '127.0.0.1');
-  await new Promise((r) => server.once('listening', r));
-  return {
-    baseUrl: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
-    held,
-    setHold(pick: (c: GateCall) => boolean) {
-      hold = pick;
-    },
-    /** Wait until `n` calls whose episode starts with `batchId` are held. */
-    async waitHeld(batchId: string, n: number) {
-      await waitFor(`${n} held calls of ${batchId}`, async () => held.filter((h) => h.call.episodeId.startsWith(`${batchId}.`)).length >= n, 120_000, 50);
-    },
-    /** Release the held calls of `batchId` (every one when unset). */
-    release(batchId?: string) {
-      for (let i = held.length - 1; i >= 0; i--) {
-        if (batchId === undefined || held[i]!.call.episodeId.startsWith(`${batchId}.`)) held.splice(i, 1)[0]!.release();
-      }
-    },
-    close: () => new Promise<void>((r) => {
-      server.close(() => r());
-      server.closeAllConnections();
-    }),
-  };
-}
-
 describe('policy versions', () => {
   let env: FleetEnv;
   let stub: ModelStub;
-  let gate: Awaited<ReturnType<typeof startGate>>;
+  let gate: Gate;
   let client: FleetClient;
   const workers: WorkerHandle[] = [];
 
