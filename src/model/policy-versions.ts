@@ -10,7 +10,7 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { z } from 'zod';
 import { luaScript } from '../redis/lua-script.ts';
-import { episodePolicyVersionsKey, episodeStaleKey, policyVersionKey } from '../redis/redis-keys.ts';
+import { episodePolicyVersionsKey, episodeStaleKey, episodeStepsKey, policyVersionKey } from '../redis/redis-keys.ts';
 
 /** The endpoint of today's single-endpoint workers (MODEL_BASE_URL). */
 export const DEFAULT_ENDPOINT = 'default';
@@ -193,8 +193,9 @@ export async function staleRestarts(redis: Redis, prefix: string, episodeId: str
 }
 
 /**
- * Count one stale restart and forget the versions of the conversation being dropped, in one step (a
- * worker killed between the two would restart the episode as stale twice). Returns the restarts now.
+ * Count one stale restart and forget the versions of the conversation being dropped (and a multi-step
+ * task's progress: it restarts at its first step), in one step (a worker killed between the two would
+ * restart the episode as stale twice). Returns the restarts now.
  */
 export async function countStaleRestart(redis: Redis, prefix: string, episodeId: string, now: number = Date.now()): Promise<number> {
   const key = episodeStaleKey(prefix, episodeId);
@@ -202,7 +203,7 @@ export async function countStaleRestart(redis: Redis, prefix: string, episodeId:
     .hincrby(key, 'restarts', 1)
     .hset(key, 'restartedAt', String(now))
     .expire(key, EPISODE_KEEP_SEC)
-    .del(episodePolicyVersionsKey(prefix, episodeId))
+    .del(episodePolicyVersionsKey(prefix, episodeId), episodeStepsKey(prefix, episodeId))
     .exec();
   const failed = replies?.find(([err]) => err !== null);
   if (replies === null || failed) throw failed?.[0] ?? new Error('the stale restart was not counted (transaction aborted)');
