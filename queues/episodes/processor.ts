@@ -14,7 +14,11 @@ import { stopOf } from '../../src/errors/episode-stop.ts';
 import { checkpointFenceKey, episodeStartsKey as startsKey } from '../../src/redis/redis-keys.ts';
 import { countFailure, pastInfraBudget, resetRetryCounts, type RetryBudgets } from '../../src/errors/retry-budgets.ts';
 import type { ResultsStore } from '../../src/results/results-store.ts';
+import {
+  DEFAULT_MAX_STALE_RESTARTS, countStaleRestart, episodeVersions, forgetEpisodePolicy, staleRestarts,
+} from '../../src/model/policy-versions.ts';
 import { EpisodeJob, type EpisodeResult } from './contract.ts';
+import { DEFAULT_ENDPOINT } from '../../src/config/model-endpoints.ts';
 
 export interface EpisodeProcessorDeps extends EpisodeDeps {
   results: ResultsStore;
@@ -38,10 +42,12 @@ const CHECKPOINT_REMOVAL_WAIT_MS = 5_000;
  * The one place an episode's final result is recorded: stored once (a second result is refused), its
  * retry counts, control keys and checkpoints forgotten. The processor and the failed listener call it.
  */
-async function recordFinal(deps: EpisodeProcessorDeps, result: EpisodeResult): Promise<EpisodeResult> {
-  const { episodeId } = result;
+async function recordFinal(deps: EpisodeProcessorDeps, ran: EpisodeResult, jobData: unknown): Promise<EpisodeResult> {
+  const { episodeId } = ran;
+  const result = await withPolicyVersions(deps, ran, jobData);
   if (!(await deps.results.record(result))) deps.log.warn({ episodeId }, 'episode already had a result; this one is not recorded');
   await resetRetryCounts(deps.redis, deps.prefix, episodeId);
+  await forgetEpisodePolicy(deps.redis, deps.prefix, episodeId);
   await deps.control.end(episodeId);
   // The episode is over: its checkpoints served their purpose (a requeue by kind starts afresh). The
   // fence first, so a writer that is late (a slow queue, another host) removes what it writes after.
@@ -50,6 +56,40 @@ async function recordFinal(deps: EpisodeProcessorDeps, result: EpisodeResult): P
   const removal = deps.checkpoints.store.remove(episodeId).catch((err: unknown) => deps.log.warn({ episodeId, err: String(err) }, 'checkpoints not removed'));
   await untilAborted(removal, AbortSignal.timeout(CHECKPOINT_REMOVAL_WAIT_MS)).catch(() => deps.log.warn({ episodeId }, 'checkpoint removal still under way; not waited for'));
   return result;
+}
+
+/** The result with the policy versions its conversation saw and the stale restarts it took (both kept in Redis across attempts). */
+async function withPolicyVersions(deps: EpisodeProcessorDeps, result: EpisodeResult, jobData: unknown): Promise<EpisodeResult> {
+  const endpoint = (jobData as { model?: { endpoint?: string } } | undefined)?.model?.endpoint ?? DEFAULT_ENDPOINT;
+  const [versions, stale] = await Promise.all([
+    episodeVersions(deps.redis, deps.prefix, result.episodeId, endpoint),
+    staleRestarts(deps.redis, deps.prefix, result.episodeId),
+  ]);
+  return { ...result, ...(versions && { policyVersions: versions }), ...(stale.restarts > 0 && { staleRestarts: stale.restarts }) };
+}
+
+/**
+ * An attempt stopped as stale: restart the episode from scratch at once (its versions and, when the
+ * store allows, its checkpoints forgotten, and no checkpoint from before now resumed), or, past its
+ * batch's maxStaleRestarts, end it with the attempt's error policy_stale. Undefined: restarted.
+ */
+async function restartStale(deps: EpisodeProcessorDeps, job: Job, token: string | undefined, data: EpisodeJob, outcome: { result: EpisodeResult }): Promise<EpisodeResult> {
+  const { episodeId } = data;
+  const bound = data.maxStaleRestarts ?? DEFAULT_MAX_STALE_RESTARTS;
+  const { restarts } = await staleRestarts(deps.redis, deps.prefix, episodeId);
+  if (restarts >= bound) {
+    const message = `a model call would have taken the episode past its batch's maxStaleness of ${data.maxStaleness ?? '-'} policy version(s), after ${restarts} stale restart(s): past its maxStaleRestarts of ${bound}`;
+    deps.log.warn({ episodeId, restarts, bound }, 'episode past its stale restarts');
+    return recordFinal(deps, { ...outcome.result, status: 'error', reward: null, error: { kind: 'model', code: 'policy_stale', message } }, data);
+  }
+  const now = await countStaleRestart(deps.redis, deps.prefix, episodeId);
+  deps.log.info({ episodeId, staleRestarts: now, bound }, 'episode grew too stale: restarting it from scratch');
+  // Its checkpoints hold the dropped conversation: removed (best effort; resume skips any from before the restart anyway).
+  const removal = deps.checkpoints.store.remove(episodeId).catch((err: unknown) => deps.log.warn({ episodeId, err: String(err) }, 'checkpoints of a stale episode not removed'));
+  await untilAborted(removal, AbortSignal.timeout(CHECKPOINT_REMOVAL_WAIT_MS)).catch(() => undefined);
+  await deps.control.release(episodeId);
+  await job.moveToWait(token);
+  throw new WaitingError();
 }
 
 /**
@@ -67,7 +107,7 @@ export function episodeFailedListener(deps: EpisodeProcessorDeps) {
     const error = fleetError
       ? { kind: fleetError.outcome.kind, code: fleetError.code, message: fleetError.message }
       : { kind: 'infra' as const, code: 'worker_lost', message: err.message };
-    recordFinal(deps, resultWithoutRun(job, { status: 'error', error }, deps.workerId))
+    recordFinal(deps, resultWithoutRun(job, { status: 'error', error }, deps.workerId), job.data)
       .catch((e: unknown) => deps.log.error({ jobId: job.id, err: String(e) }, 'recording a failed episode failed'));
   };
 }
@@ -81,7 +121,7 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       const result = resultWithoutRun(job, { status: 'error', error: { kind: 'invalid', code: 'invalid_payload', message } }, deps.workerId);
       // As at any pick-up: a result a retry superseded is forgotten first, so this one is recorded.
       const prior = await deps.results.resultUnlessRetried(result.batchId, result.episodeId);
-      return prior ?? (await recordFinal(deps, result));
+      return prior ?? (await recordFinal(deps, result, job.data));
     }
     const { episodeId, batchId } = parsed.data;
     const episodeSignal = deps.running.start(episodeId, signal, { batchId, taskId: parsed.data.task.id });
@@ -103,11 +143,11 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
         if (stalls > 0) {
           const message = await setUp.run('reading the retry counts', () => pastInfraBudget(deps, episodeId, stalls));
           if (message !== undefined) {
-            return await recordFinal(deps, resultWithoutRun(job, { status: 'error', error: { kind: 'infra', code: 'worker_lost', message } }, deps.workerId));
+            return await recordFinal(deps, resultWithoutRun(job, { status: 'error', error: { kind: 'infra', code: 'worker_lost', message } }, deps.workerId), parsed.data);
           }
         }
         if ((await setUp.run('marking the episode running', () => deps.control.markRunning(episodeId))) === 'cancelled') {
-          return await recordFinal(deps, resultWithoutRun(job, { status: 'cancelled' }, deps.workerId));
+          return await recordFinal(deps, resultWithoutRun(job, { status: 'cancelled' }, deps.workerId), parsed.data);
         }
         // Numbered across retries, stalls, drains and requeues, so every attempt has its own evidence.
         attempt = await setUp.run('numbering the attempt', () => deps.redis.incr(startsKey(deps.prefix, episodeId)));
@@ -125,20 +165,24 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
         }
       }
       const onPhase = (phase: EpisodePhase) => deps.running.setPhase(episodeId, episodeSignal, phase);
-      const outcome = await runEpisode({ job: parsed.data, attempt, signal: episodeSignal, setUp, onPhase }, deps);
+      const onStale = () => {
+        if (deps.running.stop(episodeId, 'stale')) deps.log.info({ episodeId }, 'episode stopped: its policy grew too stale');
+      };
+      const outcome = await runEpisode({ job: parsed.data, attempt, signal: episodeSignal, setUp, onPhase, onStale }, deps);
       if (outcome.handBack) {
         // Draining: back to the queue now, for another worker, without waiting for a stall timeout.
         await deps.control.release(episodeId);
         await job.moveToWait(token);
         throw new WaitingError();
       }
+      if (outcome.staleRestart === true) return await restartStale(deps, job, token, parsed.data, outcome);
       if (outcome.retry && outcome.error) {
         if (await countFailure(deps, episodeId, outcome.error.outcome.kind, job.stalledCounter)) {
           await deps.control.release(episodeId);
           throw new RetryableEpisodeError(outcome.error);
         }
       }
-      return await recordFinal(deps, outcome.result);
+      return await recordFinal(deps, outcome.result, parsed.data);
     } finally {
       setUp.dispose();
       deps.running.finish(episodeId, episodeSignal);

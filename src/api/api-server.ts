@@ -22,6 +22,7 @@ import { printable } from '../errors/printable.ts';
 import { EPISODE_ID_PATTERN } from '../ids/episode-id.ts';
 import { BatchFile, TaskDigest, TaskDigestRef } from '../tasks/batch-spec.ts';
 import { MAX_TASK_ARCHIVE_BYTES } from '../tasks/pack-task.ts';
+import { ENDPOINT_NAME_PATTERN, PolicyVersionBody, PolicyVersionConflict, PolicyVersionState, PolicyVersionsSeen } from '../model/policy-versions.ts';
 
 export interface ApiOptions {
   client: FleetClient;
@@ -51,6 +52,7 @@ const GroupEvent = z.object({
   episodeIds: z.array(z.string()).describe("the task's episodes in sample order"),
   rewards: z.array(z.number().nullable()).describe('their rewards (floats) in the same order; null: not graded'),
   metrics: z.array(z.record(z.string(), z.number()).nullable()).describe("their reward-file metrics (reward.json's keys) in the same order; null: none (exit-code grading, or not graded)"),
+  policyVersions: PolicyVersionsSeen.optional().describe("the policy versions the group's episodes saw: the lowest first, the highest last, every one seen; absent when none was set"),
 });
 /** GET /v1/batches/{batchId}: the batch summary (src/results/batch-summary.ts), as the server sends it. */
 export const BatchSummaryBody = z.strictObject({
@@ -64,6 +66,7 @@ export const BatchSummaryBody = z.strictObject({
   phases: z.record(z.enum(PHASES), z.strictObject({ p50: z.number(), p95: z.number(), n: z.number().int() })),
   tokens: z.strictObject({ prompt: z.number(), completion: z.number(), total: z.number() }),
   model: z.strictObject({ endpoint: z.string(), name: z.string().optional() }).describe("the endpoint (its name in the workers' table) and model name the batch plays; endpoint \"default\" for a batch that names none"),
+  staleRestarts: z.strictObject({ episodes: z.number().int(), restarts: z.number().int() }).describe("restarts from scratch for growing staler than the batch's maxStaleness (apart from infra retries): episodes restarted, restarts in all"),
 });
 const StoredTaskBody = z.object({ digest: z.string(), taskId: z.string(), bytes: z.number().int() });
 /** A batch over HTTP: a batch file's fields, its tasks named by digest (a folder on the server never). */
@@ -112,6 +115,7 @@ export function openApiDocument(): Record<string, unknown> {
         CancelRequest: schema(CancelRequest), RetryRequest: schema(RetryRequest), EpisodeResult: schema(EpisodeResult),
         BatchSummary: schema(BatchSummaryBody), EndEvent: schema(EndEvent), KeepAliveEvent: schema(KeepAliveEvent),
         BatchList: schema(BatchList), BatchListing: schema(BatchListing), RetryReport: schema(RetryReportBody), CancelReply: schema(CancelReply),
+        PolicyVersionRequest: schema(PolicyVersionBody), PolicyVersion: schema(PolicyVersionState),
       },
     },
     security: [{ bearer: [] }],
@@ -166,6 +170,19 @@ export function openApiDocument(): Record<string, unknown> {
             404: fault('no such batch'),
             ...common,
           },
+        },
+      },
+      '/v1/endpoints/{endpoint}/policy-version': {
+        put: {
+          summary: "Set the current policy version of a model endpoint (`default` until named endpoints exist): every model call that starts after this returns is stamped with it. Versions only move forward; the same version again is kept",
+          parameters: [path('endpoint')],
+          requestBody: { required: true, ...json('PolicyVersionRequest') },
+          responses: { 200: { description: 'the current version', ...json('PolicyVersion') }, 400: fault('malformed; the field is named'), 409: fault('lower than the current version (field version)'), ...common },
+        },
+        get: {
+          summary: "The endpoint's current policy version",
+          parameters: [path('endpoint')],
+          responses: { 200: { description: 'the current version', ...json('PolicyVersion') }, 400: fault('not an endpoint name'), 404: fault('no version was ever set for the endpoint'), ...common },
         },
       },
       '/v1/batches/{batchId}/cancel': {
@@ -469,6 +486,31 @@ export function createApiApp(opts: ApiOptions): express.Express {
     res.json(await client.retryByKind(batchId, kind));
   });
 
+  const endpointOf = (req: Request): string => {
+    const { endpoint } = req.params as { endpoint: string };
+    if (!ENDPOINT_NAME_PATTERN.test(endpoint)) throw new ApiError(400, 'endpoint', `endpoint: not an endpoint name: letters, digits, ., - and _, at most 64 characters (got ${JSON.stringify(endpoint.slice(0, 80))})`);
+    return endpoint;
+  };
+
+  app.put('/v1/endpoints/:endpoint/policy-version', json, async (req, res) => {
+    const endpoint = endpointOf(req);
+    if (req.body === null || typeof req.body !== 'object' || Array.isArray(req.body)) throw new ApiError(400, 'body', 'body: expected a JSON object {"version": <non-negative integer>}');
+    const { version } = parseBody(PolicyVersionBody, req.body);
+    try {
+      res.json(await client.setPolicyVersion(endpoint, version));
+    } catch (err) {
+      if (err instanceof PolicyVersionConflict) throw new ApiError(409, 'version', err.message);
+      throw err;
+    }
+  });
+
+  app.get('/v1/endpoints/:endpoint/policy-version', async (req, res) => {
+    const endpoint = endpointOf(req);
+    const state = await client.getPolicyVersion(endpoint);
+    if (state === undefined) throw new ApiError(404, 'endpoint', `endpoint: no policy version was ever set for ${JSON.stringify(endpoint)}`);
+    res.json(state);
+  });
+
   app.get('/v1/batches/:batchId/episodes/:episodeId', async (req, res) => {
     const { batchId, episodeId } = episodeOf(req);
     const result = await client.result(batchId, episodeId);
@@ -539,7 +581,7 @@ export function createApiApp(opts: ApiOptions): express.Express {
       for await (const event of client.results(batchId, { after, signal: gone.signal, blockMs: 1_000 })) {
         const body = event.kind === 'result'
           ? { kind: 'result', cursor: event.cursor, result: event.result }
-          : { kind: 'group', cursor: event.cursor, taskId: event.taskId, episodeIds: event.episodeIds, rewards: event.rewards, metrics: event.metrics };
+          : { kind: 'group', cursor: event.cursor, taskId: event.taskId, episodeIds: event.episodeIds, rewards: event.rewards, metrics: event.metrics, ...(event.policyVersions && { policyVersions: event.policyVersions }) };
         const text = JSON.stringify(body);
         // Every event carries its cursor as its id: a reconnect resumes right after the last one received.
         const written = sse ? res.write(`id: ${event.cursor}\nevent: ${event.kind}\ndata: ${text}\n\n`) : res.write(`${text}\n`);

@@ -36,6 +36,7 @@ export const CANCEL_OPTIONS = { 'wait-ms': { type: 'string', default: '60000' } 
 export const RETRY_OPTIONS = { kind: { type: 'string' } } as const satisfies CommandOptions;
 export const DASHBOARD_OPTIONS = { port: { type: 'string' }, 'local-only': { type: 'boolean' } } as const satisfies CommandOptions;
 export const API_OPTIONS = { port: { type: 'string' } } as const satisfies CommandOptions;
+export const POLICY_VERSION_OPTIONS = { json: { type: 'boolean' } } as const satisfies CommandOptions;
 export const MODEL_STUB_OPTIONS = {
   port: { type: 'string' },
   /** Address to listen on with --port. @default 127.0.0.1 */
@@ -133,6 +134,18 @@ their worker (evidence is kept). Exit 3 when an episode was already closing (it 
     options: RETRY_OPTIONS,
     allowPositionals: true,
     load: async () => (await import('./control-commands.ts')).retryCommand,
+  },
+  'policy-version': {
+    synopsis: '(set <endpoint> <version> | get <endpoint>) [--json]',
+    summary: "set or read an endpoint's current policy version",
+    about: `The trainer's step: every model call that starts after \`set\` returns is stamped with the version
+(in model-calls.jsonl, trajectory.json and the results). Versions only move forward: a lower one is
+refused (exit 3); the same one again is kept. The endpoint is \`default\` (MODEL_BASE_URL) until named
+endpoints exist. \`get\` exits 1 when no version was ever set.`,
+    optionHelp: `  --json            print {"endpoint", "version", "setAt"} as JSON`,
+    options: POLICY_VERSION_OPTIONS,
+    allowPositionals: true,
+    load: async () => (await import('./policy-version-command.ts')).policyVersionCommand,
   },
   demo: {
     synopsis: '',

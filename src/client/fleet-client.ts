@@ -24,11 +24,14 @@ import type { TrajectoryRecord } from '../results/trajectory-export.ts';
 import type { BatchFile } from '../tasks/batch-spec.ts';
 import { loadBatch, loadBatchObject, type LoadedBatch } from '../tasks/load-task.ts';
 import { storeTaskFolder, storeUploadedTask, type StoredTask } from '../tasks/task-upload.ts';
+import { getPolicyVersion, setPolicyVersion, type PolicyVersionState, type PolicyVersionsSeen } from '../model/policy-versions.ts';
 
 export type { EpisodeResult } from '../episode/episode-job.ts';
 export type { BatchSummary } from '../results/batch-summary.ts';
 export type { TrajectoryRecord } from '../results/trajectory-export.ts';
 export type { StoredTask } from '../tasks/task-upload.ts';
+export type { PolicyVersionState, PolicyVersionsSeen } from '../model/policy-versions.ts';
+export { PolicyVersionConflict } from '../model/policy-versions.ts';
 
 export interface FleetClientOptions {
   redisUrl: string;
@@ -49,9 +52,13 @@ export type BatchEvent =
    * Every sample of `taskId` in the batch has ended (sent once per task, after its last result). Its
    * cursor is the last result's with `:g`: resuming from it does not send the group again; resuming
    * from the result's own cursor does. `rewards` and `metrics` are in the order of `episodeIds` (null:
-   * not graded; metrics null also for exit-code grading).
+   * not graded; metrics null also for exit-code grading). `policyVersions` are the versions the
+   * group's episodes saw (the lowest first, the highest last, every one seen), absent when none was set.
    */
-  | { kind: 'group'; cursor: string; taskId: string; episodeIds: string[]; rewards: (number | null)[]; metrics: (Record<string, number> | null)[]; results: EpisodeResult[] };
+  | {
+    kind: 'group'; cursor: string; taskId: string; episodeIds: string[]; rewards: (number | null)[]; metrics: (Record<string, number> | null)[];
+    policyVersions?: PolicyVersionsSeen; results: EpisodeResult[];
+  };
 
 /**
  * A batch as an object: each task a folder (relative to the working folder) or a stored task
@@ -294,9 +301,10 @@ export class FleetClient {
       announced.add(task);
       const episodeIds = episodesOf.get(task) ?? [];
       const results = (await this.retrying(() => Promise.all(episodeIds.map((id) => this.store.get(batchId, id))), opts.signal)).filter((r) => r !== undefined);
+      const policyVersions = groupVersions(results);
       return {
         kind: 'group', cursor: `${at}:g`, taskId: task, episodeIds: results.map((r) => r.episodeId),
-        rewards: results.map((r) => r.reward), metrics: results.map((r) => r.metrics ?? null), results,
+        rewards: results.map((r) => r.reward), metrics: results.map((r) => r.metrics ?? null), ...(policyVersions && { policyVersions }), results,
       };
     };
     for (const c of before) {
@@ -403,10 +411,36 @@ export class FleetClient {
     }
   }
 
+  /**
+   * Set the current policy version of a model endpoint (`default` until named endpoints exist): every
+   * model call that starts after this returns is stamped with it. Versions only move forward: a lower
+   * one throws PolicyVersionConflict (the same one again is kept, with its first setAt).
+   */
+  async setPolicyVersion(endpoint: string, version: number): Promise<PolicyVersionState> {
+    return setPolicyVersion(this.redis, this.prefix, endpoint, version);
+  }
+
+  /** The endpoint's current policy version, or undefined when none was ever set. */
+  async getPolicyVersion(endpoint: string): Promise<PolicyVersionState | undefined> {
+    return getPolicyVersion(this.redis, this.prefix, endpoint);
+  }
+
   async close(): Promise<void> {
     for (const reader of this.readers) reader.disconnect();
     await this.redis.quit().catch(() => this.redis.disconnect());
   }
+}
+
+/** The versions a group's episodes saw: the lowest first, the highest last, every one; undefined when none was stamped. */
+export function groupVersions(results: readonly EpisodeResult[]): PolicyVersionsSeen | undefined {
+  const stamped = results.flatMap((r) => (r.policyVersions ? [r.policyVersions] : []));
+  if (stamped.length === 0) return undefined;
+  return {
+    endpoint: stamped[0]!.endpoint,
+    first: Math.min(...stamped.map((v) => v.first)),
+    last: Math.max(...stamped.map((v) => v.last)),
+    seen: [...new Set(stamped.flatMap((v) => v.seen))].sort((a, b) => a - b),
+  };
 }
 
 /**

@@ -17,6 +17,7 @@ import type { EndpointLimiter } from '../model/endpoint-limiter.ts';
 import type { FleetLimits } from '../model/fleet-limits.ts';
 import { DEFAULT_ENDPOINT, type ModelEndpoint } from '../config/model-endpoints.ts';
 import type { ModelProxy } from '../model/model-proxy.ts';
+import type { PolicyStamper } from '../model/policy-versions.ts';
 import type { RuntimeGeneration } from '../runtime/prepare-runtime.ts';
 import type { SandboxPool } from '../sandbox/sandbox-pool.ts';
 import type { ExecResult, SandboxSession } from '../sandbox/sandbox-session.ts';
@@ -58,6 +59,8 @@ export interface EpisodeDeps {
   pool?: SandboxPool;
   /** The engine's runtime every sandbox runs under (FLEET_SANDBOX_RUNTIME). @default the engine's default */
   sandboxRuntime?: SandboxRuntime | undefined;
+  /** Stamps every model call with its endpoint's policy version (src/model/policy-versions.ts). @default none: calls are not stamped */
+  policy?: PolicyStamper | undefined;
 }
 
 /** The worker's model settings as given to startWorker: its endpoints, and what every episode's proxy shares. */
@@ -112,6 +115,8 @@ export interface EpisodeAttempt {
   setUp: Deadline;
   /** Told when the attempt enters a phase (set-up is from pick-up; build while it waits for its image, then set-up again). */
   onPhase?: (phase: EpisodePhase) => void;
+  /** Told when a model call was refused as past the batch's maxStaleness: the caller stops the attempt (stop reason stale). */
+  onStale?: () => void;
 }
 
 export interface EpisodeOutcome {
@@ -120,6 +125,8 @@ export interface EpisodeOutcome {
   retry: boolean;
   /** The worker is draining: the episode goes back to the queue, this attempt records no result. */
   handBack: boolean;
+  /** The episode grew staler than its batch's maxStaleness: it restarts from scratch (within its bound), this attempt records no result. */
+  staleRestart?: boolean;
   error?: FleetError;
 }
 

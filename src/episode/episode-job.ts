@@ -6,7 +6,8 @@ import { EpisodeId } from '../ids/episode-id.ts';
 import { FAILURE_KINDS } from '../errors/failure-kind.ts';
 import { MAX_RETRIES_PER_KIND } from '../errors/retry-budgets.ts';
 import { AgentSpec, ModelOptions } from '../tasks/agent-spec.ts';
-import { PassThreshold } from '../tasks/batch-spec.ts';
+import { MaxStaleRestarts, MaxStaleness, PassThreshold } from '../tasks/batch-spec.ts';
+import { PolicyVersionsSeen } from '../model/policy-versions.ts';
 import { TaskSpec } from '../tasks/task-spec.ts';
 
 export const EPISODES_QUEUE = 'episodes';
@@ -26,6 +27,10 @@ export const EpisodeJob = z.strictObject({
   model: ModelOptions.optional(),
   /** The batch's pass threshold: a reward at or above it passes. Unset (jobs of batches without one): 1. */
   passThreshold: PassThreshold.optional(),
+  /** The batch's maxStaleness: policy versions an episode may span between its first call and its last. Unset: no limit. */
+  maxStaleness: MaxStaleness.optional(),
+  /** The batch's maxStaleRestarts. Unset: DEFAULT_MAX_STALE_RESTARTS. */
+  maxStaleRestarts: MaxStaleRestarts.optional(),
   enqueuedAt: z.iso.datetime(),
 });
 export type EpisodeJob = z.infer<typeof EpisodeJob>;
@@ -93,6 +98,10 @@ export const EpisodeResult = z.object({
   model: z.object({ endpoint: z.string(), name: z.string().optional() }).optional(),
   /** The kernel killed the sandbox for exceeding its memory limit. */
   oomKilled: z.boolean().optional(),
+  /** The endpoint's policy versions the model calls of the result's conversation were stamped with (absent: none was set). */
+  policyVersions: PolicyVersionsSeen.optional(),
+  /** Times the episode was restarted from scratch for growing staler than its batch's maxStaleness (absent: never). */
+  staleRestarts: z.number().int().min(1).optional(),
   startedAt: z.string(),
   endedAt: z.string(),
 });

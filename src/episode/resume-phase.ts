@@ -6,6 +6,7 @@ import type { AgentInput } from '../agent/reference/agent-input.ts';
 import type { StoredCheckpoint } from '../checkpoints/checkpoint-storage.ts';
 import { untilAborted, type Deadline } from '../deadlines/deadline.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
+import { staleRestarts } from '../model/policy-versions.ts';
 import type { EpisodeAttempt, EpisodeDeps } from './episode-attempt.ts';
 
 export type AgentResume = NonNullable<AgentInput['resume']>;
@@ -18,7 +19,7 @@ export interface Resumed {
 }
 
 /** What resume uses of the worker's clients and stores. */
-export type ResumeDeps = Pick<EpisodeDeps, 'checkpoints' | 'log'>;
+export type ResumeDeps = Pick<EpisodeDeps, 'checkpoints' | 'log'> & Partial<Pick<EpisodeDeps, 'redis' | 'prefix'>>;
 
 /**
  * The newest durable checkpoint whose workspace was captured, restored into the sandbox; undefined
@@ -39,7 +40,11 @@ export async function resumePoint(
   const lookup = deadline.within(Math.round(deadline.remainingMs / 2), 'looking up checkpoints');
   let stored: StoredCheckpoint | undefined;
   try {
-    stored = await untilAborted(newestWithWorkspace(job.episodeId, deps), lookup);
+    stored = await untilAborted((async () => {
+      // A stale restart started the episode from scratch: checkpoints of the conversation it dropped are not resumed from.
+      const notBefore = deps.redis !== undefined && deps.prefix !== undefined ? (await staleRestarts(deps.redis, deps.prefix, job.episodeId)).restartedAt : undefined;
+      return newestWithWorkspace(job.episodeId, deps, notBefore);
+    })(), lookup);
   } catch (err) {
     if (deadline.signal.aborted) throw deadline.signal.reason;
     deps.log.warn({ err: String(err) }, 'checkpoints could not be looked up; the attempt starts afresh');
@@ -55,11 +60,15 @@ export async function resumePoint(
 }
 
 /** The newest durable checkpoint of the episode whose workspace was captured, or undefined. */
-async function newestWithWorkspace(episodeId: string, deps: ResumeDeps): Promise<StoredCheckpoint | undefined> {
+async function newestWithWorkspace(episodeId: string, deps: ResumeDeps, notBefore: number | undefined): Promise<StoredCheckpoint | undefined> {
   const { store } = deps.checkpoints;
   const seqs = (await store.seqs(episodeId)).sort((a, b) => b - a);
   for (const seq of seqs) {
     const stored = await store.read(episodeId, seq);
+    if (stored && notBefore !== undefined && Date.parse(stored.checkpoint.createdAt) < notBefore) {
+      deps.log.info({ seq }, 'checkpoint from before a stale restart: not resumed from');
+      continue;
+    }
     if (stored?.workspaceTar !== undefined) return stored;
     if (stored) deps.log.info({ seq, workspace: stored.checkpoint.workspace }, 'checkpoint without its workspace: not resumed from');
   }

@@ -5,8 +5,9 @@
 import type { EpisodeResult } from './episode-job.ts';
 import type { AgentRun } from '../agent/agent.ts';
 import { stopOf } from '../errors/episode-stop.ts';
-import { toFleetError } from '../errors/fleet-error.ts';
+import { FleetError, toFleetError } from '../errors/fleet-error.ts';
 import { DEFAULT_ENDPOINT } from '../config/model-endpoints.ts';
+import { resetEpisodeVersions } from '../model/policy-versions.ts';
 import type { ExecResult } from '../sandbox/sandbox-session.ts';
 import { runAgent } from './agent-phase.ts';
 import { closeDeadline, closeEpisode } from './close-phase.ts';
@@ -34,7 +35,9 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
     graded = await setUpRunVerify(attempt, phaseDeps, trail);
   } catch (err) {
     const stop = stopOf(attempt.signal);
-    if (stop) {
+    if (stop?.reason === 'stale') {
+      graded = staleGrade();
+    } else if (stop) {
       graded = { status: 'cancelled', reward: null, stop: stop.reason };
     } else {
       const error = toFleetError(err);
@@ -42,6 +45,9 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
       log.warn({ code: error.code, kind: error.outcome.kind, err: error.message }, 'episode attempt failed');
     }
   }
+
+  // A stale stop that landed after the agent's run ended still restarts the episode: its conversation spanned too many versions.
+  if (stopOf(attempt.signal)?.reason === 'stale' && graded.stop !== 'stale') graded = staleGrade();
 
   const tClose = performance.now();
   attempt.onPhase?.('close');
@@ -55,10 +61,16 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
     await deadline.run('writing the result', () => deps.evidence.writeJson(job.episodeId, attempt.attempt, 'result', result))
       .catch((err: unknown) => log.warn({ err: String(err) }, 'result evidence not written'));
     const { error } = graded;
-    return { result, retry: error?.outcome.retry ?? false, handBack: graded.stop === 'drain', ...(error && { error }) };
+    return { result, retry: error?.outcome.retry ?? false, handBack: graded.stop === 'drain', ...(graded.stop === 'stale' && { staleRestart: true }), ...(error && { error }) };
   } finally {
     deadline.dispose();
   }
+}
+
+/** The grade of an attempt stopped as stale: an error of kind model (the result if the episode is past its stale restarts). */
+function staleGrade(): Graded {
+  const error = new FleetError('policy_stale', "a model call would have taken the episode past its batch's maxStaleness (policy versions between its first call and its last)");
+  return { status: 'error', reward: null, error, stop: 'stale' };
 }
 
 /** Set-up, agent, verification. Throws on failure; the signal's EpisodeStop when stopped from outside. */
@@ -77,6 +89,10 @@ async function setUpRunVerify(attempt: EpisodeAttempt, deps: EpisodeDeps, trail:
     // (A multi-step task resumes at its last step boundary instead: harbor-steps.ts.)
     resumed = job.agent.kind === 'llm' && made.task.harbor?.steps === undefined ? await resumePoint(ran, deps, made.session, attempt.setUp) : undefined;
     if (resumed) trail.resumedFrom = resumed.seq;
+    // An attempt that starts afresh has a conversation of its own: what earlier attempts saw is not its.
+    if (resumed === undefined && attempt.attempt > 1 && made.task.harbor?.steps === undefined) {
+      await attempt.setUp.run('forgetting earlier policy versions', () => resetEpisodeVersions(deps.redis, deps.prefix, job.episodeId)).catch((err: unknown) => deps.log.warn({ err: String(err) }, 'policy versions of earlier attempts not forgotten'));
+    }
   } finally {
     // From pick-up: the processor's Redis steps count against the reserve too.
     timings.setupMs = attempt.setUp.elapsedMs;

@@ -27,7 +27,7 @@ import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult, WorkerEndp
 import { DEFAULT_ENDPOINT } from '../config/model-endpoints.ts';
 
 /** What set-up uses of the worker's clients and stores. */
-export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime'>;
+export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime' | 'policy'>;
 
 const ROOT = { uid: 0, gid: 0 } as const;
 
@@ -226,5 +226,7 @@ async function startEpisodeProxy(attempt: EpisodeAttempt, deps: SetUpDeps, endpo
     retry: { retries: models.upstreamRetries },
     captureTokens: capture === 'tokens',
     limiter: endpoint.limiter,
+    ...(deps.policy && { policy: deps.policy.forEpisode(endpoint.name, job.episodeId, job.maxStaleness) }),
+    ...(attempt.onStale && { onStale: attempt.onStale }),
   });
 }

@@ -1,11 +1,15 @@
 // Why an episode was stopped from outside, carried as the reason of the episode's AbortSignal. Not a
 // failure: a cancelled episode ends with status cancelled; a drained one is handed back to the queue.
-export type StopReason = 'cancelled' | 'drain';
+export type StopReason = 'cancelled' | 'drain' | 'stale';
 
 export class EpisodeStop extends Error {
   override readonly name = 'EpisodeStop';
   constructor(readonly reason: StopReason) {
-    super(reason === 'cancelled' ? 'the episode was cancelled' : 'the worker is draining; the episode goes back to the queue');
+    super(reason === 'cancelled'
+      ? 'the episode was cancelled'
+      : reason === 'stale'
+        ? "the episode's policy grew staler than its batch's maxStaleness; it restarts from scratch"
+        : 'the worker is draining; the episode goes back to the queue');
   }
 }
 

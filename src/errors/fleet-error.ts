@@ -33,6 +33,11 @@ export type FleetErrorCode =
   | 'model_error'
   /** The batch's model endpoint (`model.endpoint`) is not in this worker's table: it goes back to the queue. */
   | 'unknown_endpoint'
+  /**
+   * The episode's policy grew staler than its batch's maxStaleness: the attempt is restarted from
+   * scratch (not retried) up to its batch's maxStaleRestarts, then ends with this error.
+   */
+  | 'policy_stale'
   /** The agent crashed or broke its protocol. */
   | 'agent_crashed'
   /** The agent wrote more than its task's limits.diskMb into the sandbox and was stopped. */
@@ -93,6 +98,8 @@ export function outcomeOf(code: FleetErrorCode): Outcome {
     case 'model_error':
     case 'unknown_endpoint':
       return { kind: 'model', retry: true };
+    case 'policy_stale':
+      return { kind: 'model', retry: false };
     case 'agent_crashed':
     case 'disk_limit_exceeded':
     case 'artifact_too_large':

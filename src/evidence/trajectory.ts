@@ -30,6 +30,8 @@ export interface TrajectoryTurn {
   completionTokenIds?: number[];
   /** One per completion token, in order. */
   logprobs?: number[];
+  /** The endpoint's policy version current when the call started (absent: none was set). */
+  policyVersion?: number;
 }
 
 export interface Trajectory {
@@ -89,6 +91,7 @@ export function buildTrajectory(records: readonly ModelCallRecord[], meta: { epi
       ...(record.capture?.promptTokenIds !== undefined && { promptTokenIds: record.capture.promptTokenIds }),
       ...(tokens?.tokenIds !== undefined && { completionTokenIds: tokens.tokenIds }),
       ...(tokens?.logprobs !== undefined && { logprobs: tokens.logprobs }),
+      ...(record.policyVersion !== undefined && { policyVersion: record.policyVersion }),
     };
   });
   return { version: TRAJECTORY_VERSION, ...meta, messages, turns: out, calls, turnsWithTokenIds };

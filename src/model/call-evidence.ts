@@ -40,6 +40,10 @@ export interface ModelCallRecord {
   stream?: { events: number; bytes: number; firstEventMs?: number };
   /** Token ids and logprobs the endpoint returned, exactly as it returned them. */
   capture?: TokenCapture;
+  /** The endpoint's policy version current when the call started (absent: none was ever set). */
+  policyVersion?: number;
+  /** `cache`: Redis did not answer at the call's start, the version is this worker's last read. */
+  policyVersionSource?: 'cache';
 }
 
 const REDACTED = '[redacted]';

@@ -7,6 +7,7 @@ import { z } from 'zod';
 /** The paths a sandbox may reach, relative to the API root (`/v1`). */
 export const CHAT_COMPLETIONS_PATH = '/v1/chat/completions';
 export const MODELS_PATH = '/v1/models';
+export const RESPONSES_PATH = '/v1/responses';
 
 /** Headers the proxy adds upstream; real endpoints ignore them, the scripted policy server uses them. */
 export const EPISODE_HEADER = 'x-rollout-episode';
@@ -96,6 +97,7 @@ export type ModelErrorType =
   | 'proxy_closing'
   | 'unauthorized'
   | 'unknown_task'
+  | 'policy_stale'
   | 'internal_error';
 
 export interface ModelErrorBody {

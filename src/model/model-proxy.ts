@@ -14,10 +14,12 @@ import path from 'node:path';
 import type { Logger } from 'pino';
 import { SANDBOX_USER } from '../sandbox/sandbox-session.ts';
 import { CallEvidence } from './call-evidence.ts';
-import { CHAT_COMPLETIONS_PATH, EPISODE_HEADER, MODELS_PATH, TASK_HEADER, errorBody, sendJson } from './chat-protocol.ts';
+import { CHAT_COMPLETIONS_PATH, EPISODE_HEADER, MODELS_PATH, RESPONSES_PATH, TASK_HEADER, errorBody, sendJson } from './chat-protocol.ts';
 import { handleChat, type ChatRouteSettings } from './chat-route.ts';
 import { ModelBudget, type ModelBudgetLimits } from './model-budget.ts';
 import { handleModels } from './models-route.ts';
+import type { EpisodePolicy, PolicyStamp } from './policy-versions.ts';
+import { handleResponses } from './responses-route.ts';
 import { UNLIMITED, type EndpointLimiter } from './endpoint-limiter.ts';
 import { ProxyCall, type CallCounters, type CallLedger } from './proxy-call.ts';
 import type { UpstreamSettings } from './proxy-upstream.ts';
@@ -68,6 +70,10 @@ export interface ModelProxyOptions {
   captureTokens?: boolean;
   /** The endpoint's fleet-wide limits, asked before every upstream attempt. @default UNLIMITED */
   limiter?: EndpointLimiter;
+  /** Stamps every model call with the endpoint's policy version at its start, and checks staleness. @default none */
+  policy?: EpisodePolicy;
+  /** A call was refused because it would take the episode past its batch's maxStaleness (409 policy_stale). */
+  onStale?: (stamp: PolicyStamp) => void;
 }
 
 export interface ModelProxyStats {
@@ -145,7 +151,7 @@ async function clearStaleSocket(socketPath: string): Promise<void> {
 
 /** The one method each path the proxy serves takes; undefined for any other path. */
 function routeMethod(callPath: string): 'POST' | 'GET' | undefined {
-  return callPath === CHAT_COMPLETIONS_PATH ? 'POST' : callPath === MODELS_PATH ? 'GET' : undefined;
+  return callPath === CHAT_COMPLETIONS_PATH || callPath === RESPONSES_PATH ? 'POST' : callPath === MODELS_PATH ? 'GET' : undefined;
 }
 
 export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelProxy> {
@@ -196,12 +202,24 @@ export async function startModelProxy(opts: ModelProxyOptions): Promise<ModelPro
     const { path: callPath } = call.record;
     const method = routeMethod(callPath);
     if (method === undefined) {
-      return call.refuse(404, 'not_found', `no such path ${JSON.stringify(callPath)}: the model proxy serves only POST ${CHAT_COMPLETIONS_PATH} and GET ${MODELS_PATH}`);
+      return call.refuse(404, 'not_found', `no such path ${JSON.stringify(callPath)}: the model proxy serves only POST ${CHAT_COMPLETIONS_PATH}, POST ${RESPONSES_PATH} and GET ${MODELS_PATH}`);
     }
     if (req.method !== method) {
       return call.refuse(405, 'method_not_allowed', `${callPath} takes ${method}, not ${req.method}`, {}, { allow: method });
     }
-    return method === 'POST' ? handleChat(call, chat) : handleModels(call, upstream);
+    if (method === 'GET') return handleModels(call, upstream);
+    // A model call is stamped with the policy version current at its start, before its body is read.
+    const stamp = await opts.policy?.stamp();
+    if (stamp !== undefined) {
+      call.record.policyVersion = stamp.version;
+      if (stamp.source === 'cache') call.record.policyVersionSource = 'cache';
+      if (stamp.stale) {
+        req.resume();
+        opts.onStale?.(stamp);
+        return call.refuse(409, 'policy_stale', `policy version ${stamp.version} is ${stamp.version - stamp.first} versions past this episode's first (${stamp.first}), more than its batch's maxStaleness: the episode restarts from scratch`, { policyVersion: stamp.version, firstVersion: stamp.first });
+      }
+    }
+    return callPath === RESPONSES_PATH ? handleResponses(call, chat) : handleChat(call, chat);
   }
 
   const server = http.createServer((req, res) => {

@@ -16,6 +16,7 @@ import {
   ChatRequest,
   EPISODE_HEADER,
   MODELS_PATH,
+  RESPONSES_PATH,
   TASK_HEADER,
   errorBody,
   parseJsonObject,
@@ -26,6 +27,8 @@ import { isWrongEpisode, scriptedTurn, taskByInstruction, turnOf } from './stub-
 import { loadStubTasks, type StubTask } from './stub-tasks.ts';
 import { logprobsContent, stubTokens, type StubToken, type TokenRequest } from './stub-tokens.ts';
 import { StubRateLimit } from './stub-rate-limit.ts';
+import { ResponsesRequest } from './responses-protocol.ts';
+import { scriptedResponse, streamResponse } from './stub-responses.ts';
 
 export const STUB_MODEL = 'scripted-policy';
 export const STUB_CALLS_PATH = '/_stub/calls';
@@ -238,12 +241,40 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
     streams.completed += 1;
   }
 
+  /** POST /v1/responses: the same script as Responses output items (stub-responses.ts). */
+  async function responses(req: IncomingMessage, res: ServerResponse, body: Buffer): Promise<void> {
+    if (opts.requireKey !== undefined && req.headers.authorization !== `Bearer ${opts.requireKey}`) {
+      return sendJson(res, 401, errorBody('unauthorized', 'missing or wrong API key in the Authorization header'));
+    }
+    const json = parseJsonObject(body);
+    if (json === undefined) return sendJson(res, 400, errorBody('invalid_request', 'request body is not a JSON object'));
+    const parsed = ResponsesRequest.safeParse(json);
+    if (!parsed.success) return sendJson(res, 400, errorBody('invalid_request', `invalid responses request: ${describeIssues(parsed.error, json).join('; ')}`));
+    const episodeId = typeof req.headers[EPISODE_HEADER] === 'string' ? req.headers[EPISODE_HEADER] : '';
+    const taskHeader = typeof req.headers[TASK_HEADER] === 'string' && req.headers[TASK_HEADER] !== '' ? req.headers[TASK_HEADER] : undefined;
+    const scripted = scriptedResponse({ request: parsed.data, episodeId, taskHeader, tasks, wrongFraction, model: parsed.data.model ?? STUB_MODEL });
+    if (scripted === undefined) {
+      return sendJson(res, 400, errorBody('unknown_task', `no task ${JSON.stringify(taskHeader ?? '')} under the stub's tasks folder, and no known instruction in the input`));
+    }
+    const key = `${episodeId}\0${scripted.turn}`;
+    const count = counts.get(key) ?? { episodeId, taskId: scripted.taskId, turn: scripted.turn, count: 0 };
+    count.count += 1;
+    counts.set(key, count);
+    if (parsed.data.stream === true) {
+      streams.started += 1;
+      if (await streamResponse(res, scripted.response, streamChunkDelayMs)) streams.completed += 1;
+      else streams.aborted += 1;
+      return;
+    }
+    sendJson(res, 200, scripted.response);
+  }
+
   const calls = (): StubCallCount[] =>
     [...counts.values()].map((c) => ({ ...c })).sort((a, b) => a.episodeId.localeCompare(b.episodeId) || a.turn - b.turn);
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const pathname = (req.url ?? '').split('?')[0];
-    if (pathname === CHAT_COMPLETIONS_PATH && req.method === 'POST') {
+    if ((pathname === CHAT_COMPLETIONS_PATH || pathname === RESPONSES_PATH) && req.method === 'POST') {
       let body: Buffer;
       try {
         body = await readBody(req, MAX_BODY_BYTES);
@@ -265,14 +296,14 @@ export async function startModelStub(opts: ModelStubOptions): Promise<ModelStub>
         if (!waited) return;
       }
       stubStats.answered += 1;
-      return chat(req, res, body);
+      return pathname === RESPONSES_PATH ? responses(req, res, body) : chat(req, res, body);
     }
     if (pathname === MODELS_PATH && req.method === 'GET') {
       return sendJson(res, 200, { object: 'list', data: [{ id: STUB_MODEL, object: 'model', created: 0, owned_by: 'rollout-fleet' }] });
     }
     if (pathname === STUB_CALLS_PATH && req.method === 'GET') return sendJson(res, 200, { calls: calls() });
     if (pathname === STUB_STATS_PATH && req.method === 'GET') return sendJson(res, 200, { ...stubStats, streams });
-    if (pathname === CHAT_COMPLETIONS_PATH || pathname === MODELS_PATH || pathname === STUB_CALLS_PATH) {
+    if (pathname === CHAT_COMPLETIONS_PATH || pathname === RESPONSES_PATH || pathname === MODELS_PATH || pathname === STUB_CALLS_PATH) {
       return sendJson(res, 405, errorBody('method_not_allowed', `${pathname} does not take ${req.method}`));
     }
     return sendJson(res, 404, errorBody('not_found', `no such path ${JSON.stringify(pathname)}`));

@@ -69,6 +69,8 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
     ...(batch.model && { model: batch.model }),
     // Only when set: a batch without one keeps the id it had before the field existed.
     ...(batch.passThreshold !== undefined && { passThreshold: batch.passThreshold }),
+    ...(batch.maxStaleness !== undefined && { maxStaleness: batch.maxStaleness }),
+    ...(batch.maxStaleRestarts !== undefined && { maxStaleRestarts: batch.maxStaleRestarts }),
     tasks: tasks.map(({ spec, digest }) => ({ spec, digest })),
   });
   const batchId = `${name}-${createHash('sha256').update(identity).digest('hex').slice(0, 12)}`;
@@ -96,6 +98,8 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
       agent: batch.agent,
       ...(batch.model && { model: batch.model }),
       ...(batch.passThreshold !== undefined && { passThreshold: batch.passThreshold }),
+      ...(batch.maxStaleness !== undefined && { maxStaleness: batch.maxStaleness }),
+      ...(batch.maxStaleRestarts !== undefined && { maxStaleRestarts: batch.maxStaleRestarts }),
       enqueuedAt,
     });
     // A task's jobs differ in their id and sample only: when its first and last sample (the longest id)

@@ -68,6 +68,17 @@ export const episodeRetryKey = (prefix: string, episodeId: string) => `${prefix}
 /** Hash with a TTL: a multi-step episode's progress at its last step boundary (`done`: JSON of the graded steps; `workdir`: tar of the workdir then), so a retry resumes at the next step. */
 export const episodeStepsKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:steps`;
 
+// --- policy versions (src/model/policy-versions.ts) ---
+
+/** Hash (`version`, `setAt`): the current policy version of a model endpoint, set by the trainer; only moves forward. */
+export const policyVersionKey = (prefix: string, endpoint: string) => `${prefix}:policy-version:${endpoint}`;
+
+/** Hash with a TTL: the policy versions an episode's conversation saw (`first`, `last`, `v:<version>` -> calls), reset when it starts afresh. */
+export const episodePolicyVersionsKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:policy-versions`;
+
+/** Hash with a TTL: `restarts` (stale restarts so far), `restartedAt` (ms since the epoch of the last one: older checkpoints are not resumed from). */
+export const episodeStaleKey = (prefix: string, episodeId: string) => `${prefix}:episode:${episodeId}:stale`;
+
 // --- checkpoints ---
 
 /** Token lock: the critical section of one episode's checkpoint write. */

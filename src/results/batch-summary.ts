@@ -29,6 +29,8 @@ export interface BatchSummary {
   tokens: { prompt: number; completion: number; total: number };
   /** The endpoint (its name in the workers' table) and model name the batch plays; `default` for batches that name none. */
   model: { endpoint: string; name?: string };
+  /** Restarts from scratch for staleness (the batch's maxStaleness): episodes restarted, restarts in all. Apart from infra retries. */
+  staleRestarts: { episodes: number; restarts: number };
 }
 
 function percentile(sorted: ArrayLike<number>, p: number): number {
@@ -61,7 +63,12 @@ export function summarize(
   let rewardSum = 0;
   let graded = 0;
   const metricSums = new Map<string, { sum: number; n: number }>();
+  const staleRestarts = { episodes: 0, restarts: 0 };
   for (const r of results) {
+    if (r.staleRestarts !== undefined && r.staleRestarts > 0) {
+      staleRestarts.episodes += 1;
+      staleRestarts.restarts += r.staleRestarts;
+    }
     byStatus[r.status] += 1;
     if (r.error) byKind[r.error.kind] = (byKind[r.error.kind] ?? 0) + 1;
     if (r.reward !== null) {
@@ -113,6 +120,7 @@ export function summarize(
     phases,
     tokens,
     model: { endpoint: model.endpoint, ...(model.name !== undefined && { name: model.name }) },
+    staleRestarts,
   };
 }
 
@@ -129,5 +137,6 @@ export function formatSummary(s: BatchSummary): string {
     ...(Object.keys(s.metrics).length > 0 ? [`  metrics: ${Object.entries(s.metrics).map(([k, m]) => `${k} ${m.mean.toFixed(3)}`).join(', ')}`] : []),
     `  p50/p95 ms: setup ${setupMs.p50}/${setupMs.p95}, agent ${agentMs.p50}/${agentMs.p95}, verify ${verifyMs.p50}/${verifyMs.p95}, total ${totalMs.p50}/${totalMs.p95}`,
     ...(s.tokens.total > 0 ? [`  tokens ${s.tokens.total} (prompt ${s.tokens.prompt}, completion ${s.tokens.completion})`] : []),
+    ...(s.staleRestarts?.restarts > 0 ? [`  stale restarts ${s.staleRestarts.restarts} (${s.staleRestarts.episodes} episode(s) restarted from scratch past maxStaleness)`] : []),
   ].join('\n');
 }

@@ -19,6 +19,8 @@ export interface ResultOutline {
   endedAt?: string;
   /** A Harbor reward file's metrics. */
   metrics?: Record<string, number>;
+  /** Restarts from scratch for growing staler than the batch's maxStaleness. */
+  staleRestarts?: number;
 }
 
 /**
@@ -31,7 +33,7 @@ export function encodeOutline(r: EpisodeResult): string {
     r.status, r.taskId, r.reward, r.attempts, r.workerId, r.error?.kind ?? null, r.error?.code ?? null,
     t.setupMs ?? null, t.agentMs ?? null, t.verifyMs ?? null, t.closeMs ?? null, t.totalMs,
     r.usage?.promptTokens ?? null, r.usage?.completionTokens ?? null, r.usage?.totalTokens ?? null,
-    r.endedAt, r.metrics ?? null,
+    r.endedAt, r.metrics ?? null, r.staleRestarts ?? null,
   ]);
 }
 
@@ -39,12 +41,12 @@ type Stored = [
   ResultOutline['status'], string, number | null, number, string, FailureKind | null, string | null,
   number | null, number | null, number | null, number | null, number,
   number | null, number | null, number | null,
-  string | undefined, Record<string, number> | null | undefined,
+  string | undefined, Record<string, number> | null | undefined, number | null | undefined,
 ];
 
 /** An outline from its stored form (the JSON text, or the array it parses to). */
 export function decodeOutline(episodeId: string, stored: unknown): ResultOutline {
-  const [status, taskId, reward, attempts, workerId, kind, code, setupMs, agentMs, verifyMs, closeMs, totalMs, prompt, completion, total, endedAt, metrics] = (typeof stored === 'string' ? JSON.parse(stored) : stored) as Stored;
+  const [status, taskId, reward, attempts, workerId, kind, code, setupMs, agentMs, verifyMs, closeMs, totalMs, prompt, completion, total, endedAt, metrics, staleRestarts] = (typeof stored === 'string' ? JSON.parse(stored) : stored) as Stored;
   const timings: ResultOutline['timings'] = { totalMs };
   if (setupMs !== null) timings.setupMs = setupMs;
   if (agentMs !== null) timings.agentMs = agentMs;
@@ -57,5 +59,6 @@ export function decodeOutline(episodeId: string, stored: unknown): ResultOutline
     ...(prompt !== null && { usage: { promptTokens: prompt, completionTokens: completion ?? 0, totalTokens: total ?? 0 } }),
     ...(typeof endedAt === 'string' && { endedAt }),
     ...(metrics !== null && metrics !== undefined && typeof metrics === 'object' && { metrics }),
+    ...(typeof staleRestarts === 'number' && { staleRestarts }),
   };
 }

@@ -22,6 +22,10 @@ export interface TrajectoryRecord {
   resumedFrom?: number;
   usage?: EpisodeResult['usage'];
   timings: EpisodeResult['timings'];
+  /** The policy versions its conversation's calls were stamped with (each turn has its own `policyVersion`). */
+  policyVersions?: EpisodeResult['policyVersions'];
+  /** Restarts from scratch for growing staler than the batch's maxStaleness. */
+  staleRestarts?: number;
   /** The final attempt's trajectory, or null. */
   trajectory: Trajectory | null;
 }
@@ -56,6 +60,8 @@ export async function* trajectoryRecords(results: readonly EpisodeResult[], stor
       ...(r.resumedFrom !== undefined && { resumedFrom: r.resumedFrom }),
       ...(r.usage && { usage: r.usage }),
       timings: r.timings,
+      ...(r.policyVersions && { policyVersions: r.policyVersions }),
+      ...(r.staleRestarts !== undefined && { staleRestarts: r.staleRestarts }),
       trajectory: await latestTrajectory(store, r.episodeId, signal),
     };
   }

@@ -24,6 +24,12 @@ export function passes(reward: number | null, threshold: number | undefined): bo
   return reward !== null && reward >= (threshold ?? DEFAULT_PASS_THRESHOLD);
 }
 
+/** Policy versions an episode may span between its first model call and its last (0: none may change). */
+export const MaxStaleness = z.number().int('expected a whole number of policy versions').min(0, 'expected 0 or more policy versions');
+
+/** Stale restarts an episode may have before it ends with error policy_stale (src/model/policy-versions.ts). */
+export const MaxStaleRestarts = z.number().int('expected a whole number of restarts').min(0, 'expected 0 or more restarts').max(20, 'expected at most 20 restarts');
+
 export const BatchFile = z.strictObject({
   /** Shown in status and used as the start of the batch id. @default the file's base name */
   name: z
@@ -42,6 +48,13 @@ export const BatchFile = z.strictObject({
   model: ModelOptions.optional(),
   /** The reward an episode needs to pass (status passed; pass@k, the pass rate). @default 1 */
   passThreshold: PassThreshold.optional(),
+  /**
+   * Policy versions an episode may span between its first model call and its last; a call that would
+   * pass it is refused and the episode restarts from scratch (not from its checkpoint). @default no limit
+   */
+  maxStaleness: MaxStaleness.optional(),
+  /** Stale restarts an episode may have; past them it ends with error policy_stale (kind model). @default 3 */
+  maxStaleRestarts: MaxStaleRestarts.optional(),
   defaults: TaskDefaults.default({}),
 });
 export type BatchFile = z.infer<typeof BatchFile>;

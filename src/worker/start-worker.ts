@@ -30,6 +30,7 @@ import { OUTBOX_INTERVAL_MS, startOutbox } from '../evidence/outbox-loop.ts';
 import { DEFAULT_RETRY_BUDGETS, type RetryBudgets } from '../errors/retry-budgets.ts';
 import { settingsEndpoints, type ModelSettings, type WorkerModels } from '../episode/episode-attempt.ts';
 import { endpointLimiter } from '../model/fleet-limits.ts';
+import { PolicyStamper } from '../model/policy-versions.ts';
 import { runtimePreparer } from '../runtime/runtime-preparer.ts';
 import { EpisodeControl } from '../episode/episode-control.ts';
 import { RunningEpisodes } from '../episode/running-episodes.ts';
@@ -273,6 +274,8 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     // One limiter per worker and endpoint: its state is in Redis, shared with every other worker.
     model: models,
     checkpoints: { sink: checkpointSink, store: checkpointStore },
+    // Every model call is stamped with its endpoint's policy version, read in Redis at its start.
+    policy: new PolicyStamper(connection, prefix, log),
     prepareRuntime: runtime.prepare,
     pool,
     sandboxRuntime,

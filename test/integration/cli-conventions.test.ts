@@ -30,7 +30,7 @@ describe('rollout-fleet CLI conventions', () => {
     expect(run.code).toBe(0);
     expect(run.stdout).toMatch(/^usage: rollout-fleet <command>/);
     expect(commandsIn(run.stdout)).toEqual([
-      'worker', 'checkpoint-writer', 'enqueue', 'prepare', 'status', 'results', 'cancel', 'retry', 'demo', 'model-stub', 'dashboard', 'api',
+      'worker', 'checkpoint-writer', 'enqueue', 'prepare', 'status', 'results', 'cancel', 'retry', 'policy-version', 'demo', 'model-stub', 'dashboard', 'api',
     ]);
     expect((await cli(['-h'])).stdout).toBe(run.stdout);
   });
