@@ -21,6 +21,8 @@ export interface AgentContext {
   runtimeMountPath?: string;
   /** The episode's model proxy socket, the same path inside the sandbox and out. */
   modelSocket?: string;
+  /** The phase's network (HTTP_PROXY and the rest, src/egress/phase-egress.ts) when it has one: every exec of the agent gets it. */
+  networkEnv?: Record<string, string>;
   /** The conversation to resume from (the latest durable checkpoint). */
   resume?: AgentInput['resume'];
   /** Every event the agent reports (model calls, tool calls, checkpoints, its ending). */

@@ -41,7 +41,7 @@ export class CommandAgent implements Agent {
     return ctx.session.exec(this.command, {
       timeoutMs: ctx.ceilingMs,
       capBytes: ctx.outputCapBytes,
-      env: { ...agentEnv(ctx.task), ...(gateway && modelEnv()) },
+      env: { ...agentEnv(ctx.task), ...(gateway && modelEnv()), ...ctx.networkEnv },
       signal: ctx.signal,
     });
   }

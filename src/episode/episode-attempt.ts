@@ -26,6 +26,7 @@ import type { EpisodePhase } from './running-episodes.ts';
 import type { TaskImage } from '../environments/task-environment.ts';
 import type { TaskSpec } from '../tasks/task-spec.ts';
 import type { SandboxRuntime } from '../sandbox/sandbox-runtime.ts';
+import type { NetworkSettings } from '../egress/network-grant.ts';
 
 export interface EpisodeDeps {
   docker: Docker;
@@ -56,6 +57,8 @@ export interface EpisodeDeps {
   pool?: SandboxPool;
   /** The engine's runtime every sandbox runs under (FLEET_SANDBOX_RUNTIME). @default the engine's default */
   sandboxRuntime?: SandboxRuntime | undefined;
+  /** The network ceiling of every phase and the egress proxy's name overrides. @default DEFAULT_NETWORK (src/egress/network-grant.ts) */
+  network?: NetworkSettings | undefined;
 }
 
 export interface ModelSettings {
@@ -107,6 +110,8 @@ export interface SetUpResult {
   image: TaskImage;
   /** A separate verifier's image (Harbor's separate mode), ready before the agent starts. */
   verifierImage: TaskImage | undefined;
+  /** The host folder bind-mounted into the sandbox when a phase has network: the egress proxy's socket goes there. */
+  runFolder?: string | undefined;
   /** The job's task with what the image decided filled in: the image run, the workdir (a Harbor task's may be the image's). */
   task: TaskSpec;
 }
