@@ -21,7 +21,7 @@ export interface AgentContext {
   runtimeMountPath?: string;
   /** The episode's model proxy socket, the same path inside the sandbox and out. */
   modelSocket?: string;
-  /** The phase's network (HTTP_PROXY and the rest, src/egress/phase-egress.ts) when it has one: every exec of the agent gets it. */
+  /** The phase's network (HTTP_PROXY and the rest, src/episode/phase-egress.ts) when it has one: every exec of the agent gets it. */
   networkEnv?: Record<string, string>;
   /** The conversation to resume from (the latest durable checkpoint). */
   resume?: AgentInput['resume'];

@@ -7,8 +7,7 @@ import { parseArtifactsLocation } from '../artifacts/artifacts-location.ts';
 import { DEFAULT_RETRY_BUDGETS, MAX_RETRIES_PER_KIND } from '../errors/retry-budgets.ts';
 import { describeIssues } from './zod-issues.ts';
 import { parseEgressHosts } from '../egress/host-rules.ts';
-import { DEFAULT_NETWORK_CEILING } from '../egress/network-grant.ts';
-import { NETWORK_MODES } from '../tasks/harbor-toml.ts';
+import { DEFAULT_NETWORK_CEILING, NETWORK_MODE_NAMES } from '../egress/network-grant.ts';
 
 const positiveInt = z.coerce.number().int().positive();
 
@@ -78,7 +77,7 @@ export const FleetConfig = z.object({
    * proxy; a phase asking public gets its allowlist, else none) or `public` (any host through the
    * proxy, never a private address). A task asking more is run at the ceiling, never refused. @default allowlist
    */
-  FLEET_NETWORK_CEILING: z.enum(NETWORK_MODES, { error: 'one of no-network, allowlist, public' }).default(DEFAULT_NETWORK_CEILING),
+  FLEET_NETWORK_CEILING: z.enum(NETWORK_MODE_NAMES, { error: 'one of no-network, allowlist, public' }).default(DEFAULT_NETWORK_CEILING),
   /**
    * Names the egress proxy connects to a given address, past its private-address guard:
    * `name=address[,name=address]` (tests stand a loopback server in for an allowed host). Unset: none.

@@ -85,6 +85,11 @@ export interface EgressProxy {
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
 
+/** The status a refusal answers: the client's mistake, the policy's no, or a name that does not resolve. */
+function statusOf(reason: RefusalReason): number {
+  return reason === 'bad_request' ? 400 : reason === 'resolve_failed' ? 502 : reason === 'too_many_connections' || reason === 'proxy_closing' ? 503 : 403;
+}
+
 async function defaultLookup(host: string): Promise<string[]> {
   const found = await dns.promises.lookup(host, { all: true, verbatim: true });
   return found.map((a) => a.address);
@@ -210,7 +215,7 @@ export async function startEgressProxy(opts: EgressProxyOptions): Promise<Egress
       const d = await decide(target.host, target.port);
       if ('reason' in d) {
         record({ ...at, decision: 'refused', reason: d.reason, ...(d.address && { address: d.address }), bytesUp: 0, bytesDown: 0, durationMs: Math.round(performance.now() - started) });
-        return refuseSocket(client, d.reason === 'bad_request' ? 400 : 403, d.detail);
+        return refuseSocket(client, statusOf(d.reason), d.detail);
       }
       decided = d;
       const upstream = await dial(decided.address, target.port).catch((err: unknown) => {
@@ -275,7 +280,7 @@ export async function startEgressProxy(opts: EgressProxyOptions): Promise<Egress
       const d = await decide(url.hostname, port);
       if ('reason' in d) {
         record({ ...at, decision: 'refused', reason: d.reason, ...(d.address && { address: d.address }), bytesUp: 0, bytesDown: 0, durationMs: Math.round(performance.now() - started) });
-        return refuseResponse(res, d.reason === 'bad_request' ? 400 : 403, d.detail);
+        return refuseResponse(res, statusOf(d.reason), d.detail);
       }
       allowed = d;
       const headers: Record<string, string | string[]> = {};

@@ -53,18 +53,19 @@ function parsePort(text: string): number | undefined {
 
 /** One entry of `allowed_hosts`, or a reason it is not one (said without the entry: the caller names it). */
 export function parseHostRule(entry: string): HostRule | { problem: string } {
+  if (entry.includes('/')) return { problem: 'is a URL or a path: write the host alone, as in pypi.org or pypi.org:443' };
   const { host: rawHost, port: rawPort } = splitPort(entry);
   let port: number | undefined;
   if (rawPort !== undefined) {
     port = parsePort(rawPort);
-    if (port === undefined) return { problem: 'its port must be a number from 1 to 65535' };
+    if (port === undefined) return { problem: 'has a port that is not a number from 1 to 65535' };
   }
   const wildcard = rawHost.startsWith('*.');
   const host = normalizeHost(wildcard ? rawHost.slice(2) : rawHost);
-  if (host.includes('*')) return { problem: 'a wildcard may only open the name, as in *.example.com' };
+  if (host.includes('*')) return { problem: 'has a wildcard that does not open the name (write *.example.com)' };
   if (!isHostName(host)) return { problem: 'is not a host name, *.suffix or IP address (optionally with :port)' };
-  if (wildcard && net.isIP(host) !== 0) return { problem: 'a wildcard cannot open an IP address' };
-  if (wildcard && !host.includes('.')) return { problem: 'a wildcard needs a suffix of two labels at least (*.example.com, not *.com)' };
+  if (wildcard && net.isIP(host) !== 0) return { problem: 'has a wildcard over an IP address' };
+  if (wildcard && !host.includes('.')) return { problem: 'has a wildcard over a single label (write *.example.com, not *.com)' };
   return { kind: wildcard ? 'suffix' : 'exact', host, ...(port !== undefined && { port }) };
 }
 

@@ -4,7 +4,9 @@
 // ceiling, and its result records both. Every grant other than no-network goes through the egress
 // proxy outside the sandbox (the engine has no bridge): allowlist to the task's hosts, public to any
 // host, both behind the private-address guard.
-import type { HarborRun, NetworkMode } from '../tasks/task-spec.ts';
+/** A phase's network, as task.toml spells it (the same enum as src/tasks/task-spec.ts's NetworkMode; this folder imports no other). */
+export type NetworkMode = 'public' | 'no-network' | 'allowlist';
+export const NETWORK_MODE_NAMES = ['no-network', 'allowlist', 'public'] as const satisfies readonly NetworkMode[];
 
 export const NETWORK_RANK: Record<NetworkMode, number> = { 'no-network': 0, allowlist: 1, public: 2 };
 
@@ -38,7 +40,11 @@ export function grantPhase(requested: NetworkMode, hosts: readonly string[], cei
 }
 
 /** Both phases' grants of a Harbor task under `settings`. */
-export function grantNetwork(harbor: Pick<HarborRun, 'network'>, settings: Pick<NetworkSettings, 'ceiling'>): Record<EgressPhase, PhaseGrant> {
+export interface RequestedNetwork {
+  network: { agent: NetworkMode; verifier: NetworkMode; allowedHosts?: { agent: string[]; verifier: string[] } | undefined };
+}
+
+export function grantNetwork(harbor: RequestedNetwork, settings: Pick<NetworkSettings, 'ceiling'>): Record<EgressPhase, PhaseGrant> {
   const hosts = harbor.network.allowedHosts;
   return {
     agent: grantPhase(harbor.network.agent, hosts?.agent ?? [], settings.ceiling),

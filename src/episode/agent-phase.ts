@@ -12,7 +12,7 @@ import { watchDisk } from '../sandbox/disk-watch.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 import type { AgentResume } from './resume-phase.ts';
-import { openPhaseEgress, phaseGrants, type PhaseEgress } from '../egress/phase-egress.ts';
+import { openPhaseEgress, phaseGrants, type PhaseEgress } from './phase-egress.ts';
 
 /**
  * The agent phase ends at the latest this long after the ceiling. It covers the engine calls before

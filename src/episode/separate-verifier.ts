@@ -24,7 +24,7 @@ import { readSandboxReward, type Reward } from './reward-file.ts';
 import { runVerifier } from './run-verifier.ts';
 import { openVerifierEgress } from './verifier-egress.ts';
 import { hasEgress } from '../egress/network-grant.ts';
-import { phaseGrants } from '../egress/phase-egress.ts';
+import { phaseGrants } from './phase-egress.ts';
 
 export type SeparateVerifyDeps = Pick<EpisodeDeps, 'docker' | 'callTimeoutMs' | 'log' | 'prefix' | 'workerId' | 'outputCapBytes' | 'snapshotLimits' | 'sandboxRuntime' | 'network' | 'evidence'>;
 

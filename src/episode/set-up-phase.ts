@@ -24,7 +24,7 @@ import type { SandboxOwner } from '../sandbox/labels.ts';
 import type { VolumeMount } from '../sandbox/container-spec.ts';
 import { harborLogsTar, runHealthcheck } from './harbor-checks.ts';
 import { hasEgress } from '../egress/network-grant.ts';
-import { phaseGrants } from '../egress/phase-egress.ts';
+import { phaseGrants } from './phase-egress.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 
 /** What set-up uses of the worker's clients and stores. */

@@ -2,7 +2,7 @@
 // the grader's container, when the task's verifier grant has network (src/egress/). Started just
 // before test.sh, after every process of the agent is gone; closed when test.sh ends.
 import type { Deadline } from '../deadlines/deadline.ts';
-import { openPhaseEgress, phaseGrants, type PhaseEgress } from '../egress/phase-egress.ts';
+import { openPhaseEgress, phaseGrants, type PhaseEgress } from './phase-egress.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 

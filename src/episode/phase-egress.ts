@@ -10,9 +10,9 @@ import { MODEL_FORWARDER_PATH } from '../agent/sandbox-programs.ts';
 import { shellQuote } from '../files/shell-quote.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { TaskSpec } from '../tasks/task-spec.ts';
-import { EGRESS_EVIDENCE_FILE, EGRESS_SOCKET_NAME, startEgressProxy, type EgressPolicy, type EgressProxy } from './egress-proxy.ts';
-import { parseHostRules } from './host-rules.ts';
-import { DEFAULT_NETWORK, grantNetwork, hasEgress, type EgressPhase, type NetworkSettings, type PhaseGrant } from './network-grant.ts';
+import { EGRESS_EVIDENCE_FILE, EGRESS_SOCKET_NAME, startEgressProxy, type EgressPolicy, type EgressProxy } from '../egress/egress-proxy.ts';
+import { parseHostRules } from '../egress/host-rules.ts';
+import { DEFAULT_NETWORK, grantNetwork, hasEgress, type EgressPhase, type NetworkSettings, type PhaseGrant } from '../egress/network-grant.ts';
 
 /** The loopback port of the egress forwarder inside a sandbox (the model's is 8377). */
 export const SANDBOX_EGRESS_PORT = 8378;
