@@ -3,7 +3,8 @@
 // A grader on an allowlist reaches it (plain HTTP and CONNECT) and is refused another host, Redis and
 // localhost, while its agent had no network at all (its probe from inside finds no proxy, no
 // forwarder, no egress socket); a public grader is still refused Redis by the private-address guard;
-// an agent on an allowlist fetches the host while its grader has none. Every decision is in the
+// an agent on an allowlist fetches the host while its grader has none; a separate verifier's own
+// container gets its network the same way. Every decision is in the
 // episode's egress.jsonl. Under a lower ceiling the same tasks run unchanged at the ceiling, and the
 // result records requested vs applied.
 import { once } from 'node:events';
@@ -111,6 +112,13 @@ describe('network per phase of Harbor tasks', () => {
     });
     expect((await egressOf(agent)).map((d) => [d.phase, d.method, d.host, d.decision])).toEqual([['agent', 'GET', 'files.allowed.example', 'allowed']]);
     expect(hits).toContain(`files.allowed.example:${port} /hello`);
+
+    // A separate verifier: its own container gets the run folder and a forwarder; the agent's had neither.
+    const separate = byTask.get('separate-grader')!;
+    expect(separate, JSON.stringify(separate)).toMatchObject({ status: 'passed', reward: 1, metrics: { allowed_http: 1, other_refused: 1, artifact: 1 } });
+    expect((await egressOf(separate)).map((d) => [d.phase, d.host, d.decision, d.reason ?? null])).toEqual([
+      ['verifier', 'allowed.example', 'allowed', null], ['verifier', 'other.example', 'refused', 'not_allowed'],
+    ]);
   });
 
   it('under a lower ceiling the tasks still run, at the ceiling, and the result says what was asked and what was applied', async () => {
