@@ -17,7 +17,8 @@ import type { EgressDecision } from '../../src/egress/egress-proxy.ts';
 import { parseEgressHosts } from '../../src/egress/host-rules.ts';
 import type { EpisodeResult } from '../../src/episode/episode-job.ts';
 import type { WorkerHandle, WorkerOptions } from '../../src/worker/start-worker.ts';
-import { ROOT, runTaskFolders, startEnvWorker, startFleetEnv, type FleetEnv } from '../helpers/fleet.ts';
+import { startModelStub } from '../../src/model/model-stub.ts';
+import { ROOT, runTaskFolders, silentLog, startEnvWorker, startFleetEnv, type FleetEnv } from '../helpers/fleet.ts';
 
 const FIXTURES = path.join(ROOT, 'test/fixtures/harbor-network');
 const BODY = 'hello from the allowed host\n';
@@ -119,6 +120,34 @@ describe('network per phase of Harbor tasks', () => {
     expect((await egressOf(separate)).map((d) => [d.phase, d.host, d.decision, d.reason ?? null])).toEqual([
       ['verifier', 'allowed.example', 'allowed', null], ['verifier', 'other.example', 'refused', 'not_allowed'],
     ]);
+  });
+
+  it('a command agent and the reference agent (its bash tool, beside the model) get the agent\'s network too', async () => {
+    const task = path.join(FIXTURES, 'agent-allowlist');
+    const viaCommand = await withWorker('net-command', { ceiling: 'allowlist', hostsMap: HOSTS }, () => runTaskFolders(env, [task], '{ kind: command, command: "python3 /usr/local/bin/fetch-allowed.py" }'));
+    expect(viaCommand.get('agent-allowlist'), JSON.stringify(viaCommand.get('agent-allowlist'))).toMatchObject({ status: 'passed', reward: 1 });
+    expect((await egressOf(viaCommand.get('agent-allowlist')!)).map((d) => [d.phase, d.host, d.decision])).toEqual([['agent', 'files.allowed.example', 'allowed']]);
+
+    // The stub plays the task's solve.sh through the reference agent's bash tool: the model's socket and
+    // the egress socket share the run folder, each proxy its own.
+    const stub = await startModelStub({ tasksDir: FIXTURES, listen: { port: 0, host: '127.0.0.1' }, log: silentLog });
+    try {
+      const model = { baseUrl: stub.baseUrl!, maxCalls: 20, maxTokens: 200_000, requestTimeoutMs: 30_000, upstreamRetries: 1 };
+      const worker = await startEnvWorker(env, 'net-llm', { concurrency: 1, network: { ceiling: 'allowlist', hostsMap: HOSTS }, model });
+      let viaLlm: Map<string, EpisodeResult>;
+      try {
+        viaLlm = await runTaskFolders(env, [task], '{ kind: llm, model: stub }');
+      } finally {
+        await worker.close();
+      }
+      const r = viaLlm.get('agent-allowlist')!;
+      expect(r, JSON.stringify(r)).toMatchObject({ status: 'passed', reward: 1 });
+      expect((await egressOf(r)).map((d) => [d.phase, d.host, d.decision])).toEqual([['agent', 'files.allowed.example', 'allowed']]);
+      const calls = await readFile(path.join(env.dataDir, 'evidence', r.episodeId, 'attempt-1', 'model-calls.jsonl'), 'utf8');
+      expect(calls.trim().split('\n').length).toBeGreaterThanOrEqual(2);
+    } finally {
+      await stub.close();
+    }
   });
 
   it('under a lower ceiling the tasks still run, at the ceiling, and the result says what was asked and what was applied', async () => {
