@@ -4,7 +4,8 @@
 // localhost, while its agent had no network at all (its probe from inside finds no proxy, no
 // forwarder, no egress socket); a public grader is still refused Redis by the private-address guard;
 // an agent on an allowlist fetches the host while its grader has none; a separate verifier's own
-// container gets its network the same way. Every decision is in the
+// container gets its network the same way, and a grader beside a task service reaches it by name
+// directly. Every decision is in the
 // episode's egress.jsonl. Under a lower ceiling the same tasks run unchanged at the ceiling, and the
 // result records requested vs applied.
 import { once } from 'node:events';
@@ -113,6 +114,11 @@ describe('network per phase of Harbor tasks', () => {
     });
     expect((await egressOf(agent)).map((d) => [d.phase, d.method, d.host, d.decision])).toEqual([['agent', 'GET', 'files.allowed.example', 'allowed']]);
     expect(hits).toContain(`files.allowed.example:${port} /hello`);
+
+    // Beside a task service: the service by name straight (NO_PROXY), only the allowed host through the proxy.
+    const withService = byTask.get('grader-with-service')!;
+    expect(withService, JSON.stringify(withService)).toMatchObject({ status: 'passed', reward: 1, metrics: { service_direct: 1, allowed_http: 1, no_proxy_names_api: 1 } });
+    expect((await egressOf(withService)).map((d) => [d.phase, d.host, d.decision])).toEqual([['verifier', 'allowed.example', 'allowed']]);
 
     // A separate verifier: its own container gets the run folder and a forwarder; the agent's had neither.
     const separate = byTask.get('separate-grader')!;
