@@ -23,6 +23,8 @@ export interface AgentContext {
   modelSocket?: string;
   /** The model the episode plays (its batch's `model.name`, else its endpoint's), when one is named. */
   modelName?: string;
+  /** The phase's network (HTTP_PROXY and the rest, src/episode/phase-egress.ts) when it has one: every exec of the agent gets it. */
+  networkEnv?: Record<string, string>;
   /** The conversation to resume from (the latest durable checkpoint). */
   resume?: AgentInput['resume'];
   /** Every event the agent reports (model calls, tool calls, checkpoints, its ending). */

@@ -49,7 +49,7 @@ export class CommandAgent implements Agent {
     return ctx.session.exec(this.command, {
       timeoutMs: ctx.ceilingMs,
       capBytes: ctx.outputCapBytes,
-      env: { ...agentEnv(ctx.task), ...(gateway && modelEnv(SANDBOX_MODEL_PORT, ctx.modelName)) },
+      env: { ...agentEnv(ctx.task), ...(gateway && modelEnv(SANDBOX_MODEL_PORT, ctx.modelName)), ...ctx.networkEnv },
       signal: ctx.signal,
     });
   }

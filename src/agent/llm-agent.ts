@@ -61,6 +61,8 @@ export class LlmAgent implements Agent {
       timeoutMs: ctx.ceilingMs,
       capBytes: ctx.outputCapBytes,
       signal: ctx.signal,
+      // Its bash tool's commands inherit the phase's network, if it has one.
+      ...(ctx.networkEnv && { env: ctx.networkEnv }),
       onStdout: (chunk) => parser.push(chunk),
     });
     const agentRun: AgentRun = { ...run, usage, ...(final && { finalReason: final.reason }) };

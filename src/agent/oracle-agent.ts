@@ -25,7 +25,7 @@ export class OracleAgent implements Agent {
       return ctx.session.exec(`(${SOLUTION_DIR}/solve.sh) > /logs/agent/oracle.txt 2>&1`, {
         timeoutMs: ctx.ceilingMs,
         capBytes: ctx.outputCapBytes,
-        env: { DEBIAN_FRONTEND: 'noninteractive', ...harbor.solutionEnv },
+        env: { DEBIAN_FRONTEND: 'noninteractive', ...harbor.solutionEnv, ...ctx.networkEnv },
         signal: ctx.signal,
       });
     }

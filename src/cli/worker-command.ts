@@ -2,6 +2,7 @@
 // then drain: running episodes are handed to other workers, and it exits 0. Whatever Redis does, it
 // exits within the drain timeout plus the close grace (EXIT_NOT_HANDED_BACK when it had to leave
 // episodes for stall detection to return).
+import { parseEgressHosts } from '../egress/host-rules.ts';
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import { ConfigError, configEndpoints, type FleetConfig } from '../config/config.ts';
@@ -70,6 +71,7 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     concurrency: positiveOption('concurrency', values.concurrency) ?? config.FLEET_WORKER_CONCURRENCY,
     sandboxPool: config.FLEET_SANDBOX_POOL,
     ...(config.FLEET_SANDBOX_RUNTIME !== undefined && { sandboxRuntime: config.FLEET_SANDBOX_RUNTIME }),
+    network: { ceiling: config.FLEET_NETWORK_CEILING, hostsMap: parseEgressHosts(config.FLEET_EGRESS_HOSTS) },
     admission: {
       autotune: config.FLEET_WORKER_AUTOTUNE,
       floor: config.FLEET_WORKER_CONCURRENCY_FLOOR,

@@ -7,6 +7,8 @@ import { parseArtifactsLocation } from '../artifacts/artifacts-location.ts';
 import { DEFAULT_RETRY_BUDGETS, MAX_RETRIES_PER_KIND } from '../errors/retry-budgets.ts';
 import { describeIssues } from './zod-issues.ts';
 import { DEFAULT_ENDPOINT, EndpointTableError, loadEndpointTable, type ModelEndpoint } from './model-endpoints.ts';
+import { parseEgressHosts } from '../egress/host-rules.ts';
+import { DEFAULT_NETWORK_CEILING, NETWORK_MODE_NAMES } from '../egress/network-grant.ts';
 
 const positiveInt = z.coerce.number().int().positive();
 
@@ -70,6 +72,27 @@ export const FleetConfig = z.object({
    * Unset: the load is not used (on a host shared with other work it says little about the engine).
    */
   FLEET_WORKER_AUTOTUNE_MAX_LOAD_PER_CORE: z.coerce.number().positive().optional(),
+  /**
+   * The most network a phase of a Harbor task gets, whatever it asks (docs/HARBOR.md#network-per-phase):
+   * `no-network` (every phase as before), `allowlist` (a task's allowed_hosts through the egress
+   * proxy; a phase asking public gets its allowlist, else none) or `public` (any host through the
+   * proxy, never a private address). A task asking more is run at the ceiling, never refused. @default allowlist
+   */
+  FLEET_NETWORK_CEILING: z.enum(NETWORK_MODE_NAMES, { error: 'one of no-network, allowlist, public' }).default(DEFAULT_NETWORK_CEILING),
+  /**
+   * Names the egress proxy connects to a given address, past its private-address guard:
+   * `name=address[,name=address]` (tests stand a loopback server in for an allowed host). Unset: none.
+   */
+  FLEET_EGRESS_HOSTS: z
+    .string()
+    .superRefine((value, ctx) => {
+      try {
+        parseEgressHosts(value);
+      } catch (err) {
+        ctx.addIssue({ code: 'custom', message: (err as Error).message.replace(/^FLEET_EGRESS_HOSTS: /, '') });
+      }
+    })
+    .optional(),
   /** Cap of each captured output stream (agent, verifier) kept as evidence. @default 1048576 */
   FLEET_OUTPUT_CAP_BYTES: positiveInt.default(1024 * 1024),
   /** Name of this worker in labels and logs. @default <hostname>-<pid> */

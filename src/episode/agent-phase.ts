@@ -13,6 +13,7 @@ import { largestPartBytes } from '../sandbox/task-services.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 import type { AgentResume } from './resume-phase.ts';
+import { openPhaseEgress, phaseGrants, type PhaseEgress } from './phase-egress.ts';
 
 /**
  * The agent phase ends at the latest this long after the ceiling. It covers the engine calls before
@@ -23,12 +24,12 @@ import type { AgentResume } from './resume-phase.ts';
 export const AGENT_STOP_GRACE_MS = 15_000;
 
 /** What the agent phase uses of the worker's clients and stores. */
-export type AgentDeps = Pick<EpisodeDeps, 'checkpoints' | 'log' | 'outputCapBytes' | 'docker' | 'callTimeoutMs'>;
+export type AgentDeps = Pick<EpisodeDeps, 'checkpoints' | 'log' | 'outputCapBytes' | 'docker' | 'callTimeoutMs' | 'evidence' | 'network'>;
 
 export async function runAgent(
   attempt: EpisodeAttempt,
   deps: AgentDeps,
-  made: Pick<SetUpResult, 'archive' | 'runtime' | 'proxy' | 'services'>,
+  made: Pick<SetUpResult, 'archive' | 'runtime' | 'proxy' | 'services' | 'runFolder'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'snapshots' | 'agentRun' | 'timings'>,
   resume: AgentResume | undefined,
@@ -65,13 +66,23 @@ export async function runAgent(
         .finally(() => diskStop.abort(err));
     },
   });
+  // The agent's network, when the task asks for one and the ceiling grants it: the egress proxy for
+  // this phase only (closed before anything is graded). Without it, the model is the only way out.
+  let egress: PhaseEgress | undefined;
   try {
+    egress = await deadline.run('starting the agent\'s egress proxy', (signal) => openPhaseEgress({
+      phase: 'agent', grant: phaseGrants(task, deps.network)?.agent, settings: deps.network, task, session,
+      runtimeMountPath: made.runtime.mountPath, runFolder: made.runFolder,
+      evidenceFolder: deps.evidence.folder(job.episodeId, attempt.attempt), episodeId: job.episodeId, log: deps.log, signal,
+    }), (late) => void late?.close());
+    const networkEnv = egress?.env;
     const run = await deadline.runStoppable('running the agent', (phaseSignal) => createAgent(job.agent).run({
       session, task, archive: made.archive, ceilingMs, outputCapBytes: deps.outputCapBytes,
       signal: AbortSignal.any([phaseSignal, diskStop.signal]),
       runtimeMountPath: made.runtime.mountPath,
       ...(made.proxy && { modelSocket: made.proxy.socketPath }),
       ...(made.proxy?.model !== undefined && { modelName: made.proxy.model }),
+      ...(networkEnv && { networkEnv }),
       ...(resume && { resume }),
       onEvent: (event) => {
         if (event.type !== 'checkpoint') return;
@@ -102,6 +113,7 @@ export async function runAgent(
     throw diskWatch?.exceeded ?? err;
   } finally {
     diskWatch?.stop();
+    await egress?.close().catch((err: unknown) => deps.log.warn({ err: String(err) }, 'closing the agent\'s egress proxy failed'));
     deadline.dispose();
   }
 }

@@ -29,6 +29,7 @@ import type { EpisodePhase } from './running-episodes.ts';
 import type { TaskImage } from '../environments/task-environment.ts';
 import type { TaskSpec } from '../tasks/task-spec.ts';
 import type { SandboxRuntime } from '../sandbox/sandbox-runtime.ts';
+import type { NetworkSettings } from '../egress/network-grant.ts';
 
 export interface EpisodeDeps {
   docker: Docker;
@@ -61,6 +62,8 @@ export interface EpisodeDeps {
   sandboxRuntime?: SandboxRuntime | undefined;
   /** Stamps every model call with its endpoint's policy version (src/model/policy-versions.ts). @default none: calls are not stamped */
   policy?: PolicyStamper | undefined;
+  /** The network ceiling of every phase and the egress proxy's name overrides. @default DEFAULT_NETWORK (src/egress/network-grant.ts) */
+  network?: NetworkSettings | undefined;
 }
 
 /** The worker's model settings as given to startWorker: its endpoints, and what every episode's proxy shares. */
@@ -145,6 +148,8 @@ export interface SetUpResult {
   verifierImage: TaskImage | undefined;
   /** The task services the sandbox joined (their namespace and sidecars), when the task has any. */
   services: ServiceNetwork | undefined;
+  /** The host folder bind-mounted into the sandbox when a phase has network: the egress proxy's socket goes there. */
+  runFolder?: string | undefined;
   /** The job's task with what the image decided filled in: the image run, the workdir (a Harbor task's may be the image's). */
   task: TaskSpec;
 }

@@ -78,8 +78,8 @@ export const EpisodeResult = z.object({
   }),
   /** The network each phase of a Harbor task asked for, and what the fleet applied (capped by the operator). */
   network: z.object({
-    agent: z.object({ requested: z.string(), applied: z.string() }),
-    verifier: z.object({ requested: z.string(), applied: z.string() }),
+    agent: z.object({ requested: z.string(), applied: z.string(), allowedHosts: z.array(z.string()).optional() }),
+    verifier: z.object({ requested: z.string(), applied: z.string(), allowedHosts: z.array(z.string()).optional() }),
   }).optional(),
   agent: Captured.optional(),
   verifier: Captured.optional(),

@@ -16,6 +16,7 @@ import { HARBOR_TESTS_RESET, HARBOR_VERIFIER_RESET, execAsRoot, runHealthcheck }
 import { readSandboxReward } from './reward-file.ts';
 import { runVerifier } from './run-verifier.ts';
 import { verifySeparately, type SeparateVerifyDeps } from './separate-verifier.ts';
+import { openVerifierEgress } from './verifier-egress.ts';
 
 const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
@@ -23,7 +24,7 @@ const ROOT_OWNER = { uid: 0, gid: 0 } as const;
 export async function verifyHarbor(
   attempt: EpisodeAttempt,
   deps: SeparateVerifyDeps,
-  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services'>,
+  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services' | 'runFolder'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun'>,
   agentRun: AgentRun,
@@ -56,12 +57,19 @@ export async function verifyHarbor(
     }
     await asRoot('making test.sh executable', `chmod +x ${TESTS_DIR}/test.sh`);
 
-    await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, {
-      capBytes: deps.outputCapBytes, env: harbor.verifierEnv, user: harbor.verifierUser ?? '',
-    });
+    // The grader's own network (its forwarder started after the restart: the agent's processes are gone).
+    const egress = await openVerifierEgress(attempt, deps, made, session, deadline);
+    try {
+      await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, {
+        capBytes: deps.outputCapBytes, env: { ...harbor.verifierEnv, ...egress?.env }, user: harbor.verifierUser ?? '',
+      });
+    } finally {
+      await egress?.close().catch((err: unknown) => deps.log.warn({ err: String(err) }, 'closing the verifier\'s egress proxy failed'));
+    }
     const { reward, metrics } = await deadline.run('reading the reward file', (signal) => readSandboxReward(session, signal));
     return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
   } finally {
     deadline.dispose();
   }
 }
+

@@ -17,6 +17,7 @@ import { resumePoint } from './resume-phase.ts';
 import { runHarborSteps } from './harbor-steps.ts';
 import { setUp } from './set-up-phase.ts';
 import { verify } from './verify-phase.ts';
+import { DEFAULT_NETWORK, grantNetwork, type NetworkSettings } from '../egress/network-grant.ts';
 
 
 export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Promise<EpisodeOutcome> {
@@ -57,7 +58,7 @@ export async function runEpisode(attempt: EpisodeAttempt, deps: EpisodeDeps): Pr
     if (closed.cancelled) graded = { status: 'cancelled', reward: null, stop: 'cancelled' };
     trail.timings.closeMs = msSince(tClose);
     trail.timings.totalMs = msSince(t0);
-    const result = assembleResult(attempt, deps.workerId, trail, graded, closed.oomKilled, startedAt);
+    const result = assembleResult(attempt, deps.workerId, trail, graded, closed.oomKilled, startedAt, deps.network);
     await deadline.run('writing the result', () => deps.evidence.writeJson(job.episodeId, attempt.attempt, 'result', result))
       .catch((err: unknown) => log.warn({ err: String(err) }, 'result evidence not written'));
     const { error } = graded;
@@ -128,6 +129,7 @@ function assembleResult(
   graded: Graded,
   oomKilled: boolean | undefined,
   startedAt: Date,
+  network: NetworkSettings | undefined,
 ): EpisodeResult {
   const { lease } = trail;
   const { runtime, imageId, image, task: ranTask } = trail.setUp;
@@ -160,13 +162,8 @@ function assembleResult(
       ...(image && image.source !== 'image' && { environment: { source: image.source, ...(image.digest && { digest: image.digest }) } }),
       ...(lease.session?.spec.runtime && { sandboxRuntime: lease.session.spec.runtime.name }),
     },
-    // Every phase runs with network none whatever the task asked for: what it asked is kept beside it.
-    ...(harbor && {
-      network: {
-        agent: { requested: harbor.network.agent, applied: 'no-network' },
-        verifier: { requested: harbor.network.verifier, applied: 'no-network' },
-      },
-    }),
+    // What each phase asked for and what it got under the operator's ceiling (src/egress/network-grant.ts).
+    ...(harbor && { network: grantNetwork(harbor, network ?? DEFAULT_NETWORK) }),
     ...(runtime && { runtime: { generationId: runtime.generationId, warm: runtime.warm, prepareMs: runtime.prepareMs } }),
     ...(lease.containerId !== undefined && { sandbox: { containerId: lease.containerId, pooled: lease.pooled } }),
     ...(agentRun && { agent: summary(agentRun) }),

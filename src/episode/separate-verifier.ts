@@ -26,8 +26,11 @@ import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './e
 import { HARBOR_VERIFIER_RESET, execAsRoot, harborLogsTar } from './harbor-checks.ts';
 import { readSandboxReward, type Reward } from './reward-file.ts';
 import { runVerifier } from './run-verifier.ts';
+import { openVerifierEgress } from './verifier-egress.ts';
+import { hasEgress } from '../egress/network-grant.ts';
+import { phaseGrants } from './phase-egress.ts';
 
-export type SeparateVerifyDeps = Pick<EpisodeDeps, 'docker' | 'callTimeoutMs' | 'log' | 'prefix' | 'workerId' | 'outputCapBytes' | 'snapshotLimits' | 'sandboxRuntime'>;
+export type SeparateVerifyDeps = Pick<EpisodeDeps, 'docker' | 'callTimeoutMs' | 'log' | 'prefix' | 'workerId' | 'outputCapBytes' | 'snapshotLimits' | 'sandboxRuntime' | 'network' | 'evidence'>;
 
 const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
@@ -51,7 +54,7 @@ async function copyOut(session: Pick<SandboxSession, 'getArchive'>, source: stri
 export async function verifySeparately(
   attempt: EpisodeAttempt,
   deps: SeparateVerifyDeps,
-  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services'>,
+  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services' | 'runFolder'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun'>,
   harbor: HarborRun,
@@ -120,6 +123,8 @@ export async function verifySeparately(
         harbor: { env: separate.env, user: harbor.verifierUser, keepAlive: harborKeepAlive(made.runtime!.mountPath) },
         filesBeforeStart: logsTar,
         runtime: deps.sandboxRuntime,
+        // The run folder only when the grader has network: its egress socket goes there.
+        bindFolders: hasEgress(phaseGrants(task, deps.network)?.verifier) && made.runFolder !== undefined ? [made.runFolder] : [],
       },
       (id) => (verifierId = id),
       signal,
@@ -149,9 +154,14 @@ export async function verifySeparately(
       await deadline.run(`copying ${part}/ in`, (signal) => v.putArchive(tests, '/', signal));
     }
     await asRootIn(v, 'making test.sh executable', `chmod +x ${TESTS_DIR}/test.sh`);
-    await runVerifier(v, deadline, trail, task.verify.command, task.verify.timeoutSec, {
-      capBytes: deps.outputCapBytes, env: harbor.verifierEnv, user: harbor.verifierUser ?? '',
-    });
+    const egress = await openVerifierEgress(attempt, deps, made, v, deadline);
+    try {
+      await runVerifier(v, deadline, trail, task.verify.command, task.verify.timeoutSec, {
+        capBytes: deps.outputCapBytes, env: { ...harbor.verifierEnv, ...egress?.env }, user: harbor.verifierUser ?? '',
+      });
+    } finally {
+      await egress?.close().catch((err: unknown) => deps.log.warn({ err: String(err) }, 'closing the verifier\'s egress proxy failed'));
+    }
     return await deadline.run('reading the reward file', (signal) => readSandboxReward(v, signal));
   } finally {
     // The verifier's logs join the agent's container's /logs, which close keeps as evidence.

@@ -5,7 +5,7 @@
 // Returns what it made; each part is also left in the attempt's trail (the sandbox's in its lease) as
 // soon as it exists, so close ends it even when set-up goes no further.
 import { createHash } from 'node:crypto';
-import { rm } from 'node:fs/promises';
+import { chmod, mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
 import type { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
@@ -23,11 +23,13 @@ import { startTaskServices, type ServiceNetwork } from '../sandbox/task-services
 import type { SandboxOwner } from '../sandbox/labels.ts';
 import type { VolumeMount } from '../sandbox/container-spec.ts';
 import { harborLogsTar, runHealthcheck } from './harbor-checks.ts';
+import { hasEgress } from '../egress/network-grant.ts';
+import { phaseGrants } from './phase-egress.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult, WorkerEndpoint } from './episode-attempt.ts';
 import { DEFAULT_ENDPOINT } from '../config/model-endpoints.ts';
 
 /** What set-up uses of the worker's clients and stores. */
-export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime' | 'policy'>;
+export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime' | 'policy' | 'network'>;
 
 const ROOT = { uid: 0, gid: 0 } as const;
 
@@ -91,6 +93,21 @@ export async function setUp(
       : undefined;
     if (claimed !== undefined) lease.attach(claimed.session, { folder: claimed.folder });
     let proxy: ModelProxy | undefined;
+    // A phase with network (allowlist, public) reaches the egress proxy through a socket in the run
+    // folder: it must be mounted from the start, though the socket exists only while that phase runs.
+    const grants = phaseGrants(task, deps.network);
+    const egress = grants !== undefined && (hasEgress(grants.agent) || hasEgress(grants.verifier));
+    let runFolder: string | undefined;
+    if (egress) {
+      runFolder = claimed ? claimed.folder : path.dirname(episodeSocketPath(attempt, deps));
+      lease.useFolder(runFolder);
+      made.runFolder = runFolder;
+      const folder = runFolder;
+      await deadline.run('making the run folder', async () => {
+        await mkdir(folder, { recursive: true, mode: 0o755 });
+        await chmod(folder, 0o755);
+      });
+    }
     if (endpoint !== undefined) {
       // In a claimed sandbox, the socket goes into the folder it was created with (a bind mount cannot be added).
       const socketPath = claimed ? path.join(claimed.folder, 'model.sock') : episodeSocketPath(attempt, deps);
@@ -109,7 +126,7 @@ export async function setUp(
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
       {
-        ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : [], runtime: deps.sandboxRuntime,
+        ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : runFolder !== undefined ? [runFolder] : [], runtime: deps.sandboxRuntime,
         // [environment].env over main's environment of the compose file, as Harbor's env override.
         ...(services && poolSpec.harbor && { harbor: { ...poolSpec.harbor, env: { ...services.main.env, ...poolSpec.harbor.env } } }),
         ...(serviceNetwork && { services: serviceNetwork }),
@@ -127,7 +144,7 @@ export async function setUp(
       const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
       await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
     }
-    return { archive, runtime, session, proxy, imageId, image, verifierImage, services: serviceNetwork, task };
+    return { archive, runtime, session, proxy, imageId, image, verifierImage, services: serviceNetwork, task, ...(runFolder !== undefined && { runFolder }) };
   } finally {
     claimed?.refill();
     endSetUp();

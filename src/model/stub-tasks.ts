@@ -47,11 +47,14 @@ async function readSolution(taskDir: string): Promise<SolutionFile[] | undefined
   return files;
 }
 
-/** Load `dir` itself if it is a task folder, else every sub-folder with a task.yaml; keyed by task id. */
+/** A folder of the fleet's own format (task.yaml) or a Harbor task (task.toml). */
+const isTaskDir = async (dir: string) => (await exists(path.join(dir, 'task.yaml'))) || (await exists(path.join(dir, 'task.toml')));
+
+/** Load `dir` itself if it is a task folder, else every sub-folder with a task.yaml or task.toml; keyed by task id. */
 export async function loadStubTasks(dir: string): Promise<Map<string, StubTask>> {
   const root = path.resolve(dir);
   let taskDirs: string[];
-  if (await exists(path.join(root, 'task.yaml'))) {
+  if (await isTaskDir(root)) {
     taskDirs = [root];
   } else {
     const entries = await readdir(root, { withFileTypes: true }).catch((err: NodeJS.ErrnoException) => {
@@ -59,10 +62,10 @@ export async function loadStubTasks(dir: string): Promise<Map<string, StubTask>>
     });
     taskDirs = [];
     for (const e of entries.filter((d) => d.isDirectory()).sort((a, b) => a.name.localeCompare(b.name))) {
-      if (await exists(path.join(root, e.name, 'task.yaml'))) taskDirs.push(path.join(root, e.name));
+      if (await isTaskDir(path.join(root, e.name))) taskDirs.push(path.join(root, e.name));
     }
   }
-  if (taskDirs.length === 0) throw new FleetError('invalid_task', `${root}: no task.yaml in it or its sub-folders`);
+  if (taskDirs.length === 0) throw new FleetError('invalid_task', `${root}: no task.yaml or task.toml in it or its sub-folders`);
   const tasks = new Map<string, StubTask>();
   for (const taskDir of taskDirs) {
     const { spec } = await loadTask(taskDir);

@@ -134,7 +134,7 @@ export async function execIn(target: ExecTarget, command: string, opts: ExecOpti
 export async function startBackgroundIn(
   target: ExecTarget,
   command: string,
-  opts: { timeoutMs: number; env?: Record<string, string>; signal?: AbortSignal },
+  opts: { timeoutMs: number; env?: Record<string, string>; user?: string; signal?: AbortSignal },
 ): Promise<void> {
   const { stream } = await startExec(target, command, opts);
   const stdout = new OutputCapture(1024);

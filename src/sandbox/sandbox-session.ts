@@ -228,7 +228,7 @@ export class SandboxSession {
    * agent's process, so the agent's exit code stays its own; it stops with the sandbox user's other
    * processes. Rejects, with what it wrote on stderr, when it exits first or is not ready in `timeoutMs`.
    */
-  async startBackground(command: string, opts: { timeoutMs: number; env?: Record<string, string>; signal?: AbortSignal }): Promise<void> {
+  async startBackground(command: string, opts: { timeoutMs: number; env?: Record<string, string>; user?: string; signal?: AbortSignal }): Promise<void> {
     return startBackgroundIn(this.execTarget(), command, opts);
   }
 

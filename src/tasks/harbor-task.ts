@@ -13,6 +13,7 @@ import { isSecretName } from '../config/secret-names.ts';
 import { printable } from '../errors/printable.ts';
 import { ComposeProblem, healthcheckBoundSec, readHarborCompose } from './harbor-compose.ts';
 import { HarborTaskToml } from './harbor-toml.ts';
+import { formatHostRule, parseHostRules } from '../egress/host-rules.ts';
 import {
   BUILTIN_DEFAULTS,
   HARBOR_TEST_COMMAND,
@@ -221,7 +222,16 @@ export function resolveHarborTask(folder: HarborFolder, defaults: TaskDefaults, 
 
   // allow_internet (deprecated): true is "public", false "no-network"; Harbor's default is public.
   const taskNetwork: NetworkMode = env.network_mode ?? (env.allow_internet === false ? 'no-network' : 'public');
-  const network = { agent: toml.agent.network_mode ?? taskNetwork, verifier: toml.verifier.network_mode ?? taskNetwork };
+  // allowed_hosts of a phase, else the environment's; each entry checked here, kept normalized.
+  const hostsOf = (own: string[] | undefined, field: string) => {
+    const entries = own ?? env.allowed_hosts ?? [];
+    const { rules, problems: bad } = parseHostRules(entries, own !== undefined ? field : 'environment.allowed_hosts');
+    for (const message of bad) problems.push({ file: 'task.toml', message });
+    return rules.map(formatHostRule);
+  };
+  const allowedHosts = { agent: hostsOf(toml.agent.allowed_hosts, 'agent.allowed_hosts'), verifier: hostsOf(toml.verifier.allowed_hosts, 'verifier.allowed_hosts') };
+  if (problems.length > 0) return { ok: false, problems };
+  const network = { agent: toml.agent.network_mode ?? taskNetwork, verifier: toml.verifier.network_mode ?? taskNetwork, allowedHosts };
 
   const hc = env.healthcheck;
   const healthcheck = hc && {

@@ -297,7 +297,12 @@ export const HarborRun = z.strictObject({
   /** environment/docker-compose.yaml's services beside main (task services). */
   services: HarborServices.optional(),
   /** The network each phase asked for; the agent and the verifier run with what the operator allows (recorded in the result). */
-  network: z.strictObject({ agent: NetworkMode, verifier: NetworkMode }),
+  network: z.strictObject({
+    agent: NetworkMode,
+    verifier: NetworkMode,
+    /** Each phase's `allowed_hosts` (else [environment]'s), normalized (src/egress/host-rules.ts); absent in jobs enqueued before it. */
+    allowedHosts: z.strictObject({ agent: z.array(z.string().max(262)).max(1_000), verifier: z.array(z.string().max(262)).max(1_000) }).optional(),
+  }),
   /**
    * `[verifier.environment]` or tests/Dockerfile: the verifier runs in a container of its own (Harbor's
    * separate mode), from its docker_image, else tests/ built (tests/Dockerfile), else the agent's image

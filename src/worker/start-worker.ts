@@ -49,6 +49,7 @@ import { startPruneSchedule, type PruneSchedule } from '../environments/prune-sc
 import { prepareQueueName } from '../environments/prepare-job.ts';
 import { prepareProcessor } from '../../queues/prepare/processor.ts';
 import { engineId } from '../sandbox/docker-client.ts';
+import { DEFAULT_NETWORK, type NetworkSettings } from '../egress/network-grant.ts';
 
 export interface WorkerOptions {
   redisUrl: string;
@@ -66,6 +67,8 @@ export interface WorkerOptions {
    * ConfigError naming the setting when the engine does not list it. @default the engine's default
    */
   sandboxRuntime?: string;
+  /** Every phase's network ceiling and the egress proxy's name overrides (FLEET_NETWORK_CEILING, FLEET_EGRESS_HOSTS). @default allowlist, none */
+  network?: NetworkSettings;
   /**
    * Admission control (src/worker/admission.ts). With `autotune`, the worker runs between `floor` and
    * `concurrency` episodes at once, as the engine's latency (and the host's load, when a limit is set)
@@ -279,6 +282,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     prepareRuntime: runtime.prepare,
     pool,
     sandboxRuntime,
+    network: opts.network ?? DEFAULT_NETWORK,
     scheduleCleanup: cleanupHandOver(cleanupQueue, docker, opts.callTimeoutMs),
   };
   // A stall (the worker running the attempt died) is an infrastructure failure: BullMQ may hand the
