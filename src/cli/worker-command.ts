@@ -53,6 +53,7 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     concurrency: positiveOption('concurrency', values.concurrency) ?? config.FLEET_WORKER_CONCURRENCY,
     sandboxPool: config.FLEET_SANDBOX_POOL,
     ...(config.FLEET_SANDBOX_RUNTIME !== undefined && { sandboxRuntime: config.FLEET_SANDBOX_RUNTIME }),
+    ...(config.FLEET_REGISTRY !== undefined && { registry: config.FLEET_REGISTRY }),
     admission: {
       autotune: config.FLEET_WORKER_AUTOTUNE,
       floor: config.FLEET_WORKER_CONCURRENCY_FLOOR,

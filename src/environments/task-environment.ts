@@ -1,8 +1,10 @@
 // The image an episode's sandbox is created from, and what of it the task's commands need (workdir,
 // user). The fleet's own tasks name an image the engine must have. A Harbor task names its
-// `docker_image`, used when the engine has it (there is no registry to pull from), and/or ships
-// environment/ with a Dockerfile, built here once per engine and content (image-build.ts) and reused
-// by every later episode, as runtime generations are.
+// `docker_image`, used when the engine has it (it is never pulled), and/or ships environment/ with a
+// Dockerfile, built here once per engine and content (image-build.ts), or once for the fleet and
+// pulled by the other hosts when a registry is set (FLEET_REGISTRY), and reused by every later
+// episode, as runtime generations are. Task services built from a Dockerfile and a separate
+// verifier's tests/ image go the same way.
 import { createHash } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
@@ -25,7 +27,7 @@ export interface TaskImage {
   /** The image's WORKDIR and USER, as its config says ('' when unset). */
   config: { workdir: string; user: string };
   /** The build, when this episode ran or waited for one. */
-  build?: Pick<EnvironmentImage, 'built' | 'readyMs'>;
+  build?: Pick<EnvironmentImage, 'built' | 'readyMs' | 'pulled' | 'pushed'>;
 }
 
 export interface TaskImageDeps {
@@ -34,6 +36,8 @@ export interface TaskImageDeps {
   prefix: string;
   log: Logger;
   callTimeoutMs: number;
+  /** FLEET_REGISTRY: built environments are shared through it (image-build.ts). Unset: each engine builds its own. */
+  registry?: string | undefined;
 }
 
 /**
@@ -88,7 +92,7 @@ async function buildPart(deps: TaskImageDeps, task: TaskSpec, archive: TaskArchi
   );
   const config = await inspectConfig(deps, built.image, opts.signal);
   if (config === undefined) throw new FleetError('docker_error', `the ${part === 'tests' ? 'verifier' : 'environment'} image ${built.image} vanished from the engine right after it was ready`);
-  return { image: built.image, source: 'built', digest, config, build: { built: built.built, readyMs: built.readyMs } };
+  return { image: built.image, source: 'built', digest, config, build: { built: built.built, readyMs: built.readyMs, ...(built.pulled && { pulled: true }), ...(built.pushed !== undefined && { pushed: built.pushed }) } };
 }
 
 /**

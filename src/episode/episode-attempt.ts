@@ -56,6 +56,8 @@ export interface EpisodeDeps {
   pool?: SandboxPool;
   /** The engine's runtime every sandbox runs under (FLEET_SANDBOX_RUNTIME). @default the engine's default */
   sandboxRuntime?: SandboxRuntime | undefined;
+  /** FLEET_REGISTRY: environments built once for the fleet and pulled by the other hosts. @default none: each engine builds its own */
+  registry?: string | undefined;
 }
 
 export interface ModelSettings {

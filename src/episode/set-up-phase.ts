@@ -26,7 +26,7 @@ import { harborLogsTar, runHealthcheck } from './harbor-checks.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult } from './episode-attempt.ts';
 
 /** What set-up uses of the worker's clients and stores. */
-export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime'>;
+export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime' | 'registry'>;
 
 const ROOT = { uid: 0, gid: 0 } as const;
 
