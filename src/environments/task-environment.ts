@@ -77,7 +77,7 @@ export async function resolveTaskImage(
     if (config !== undefined) return { image: harbor.dockerImage, source: 'docker_image', config };
   }
   if (harbor.build === undefined) {
-    throw new FleetError('image_not_found', `image ${harbor.dockerImage ?? '(none)'} is not on the Docker engine and task ${task.id} has no environment/Dockerfile to build it from (there is no registry: load the image first)`);
+    throw new FleetError('image_not_found', `image ${harbor.dockerImage ?? '(none)'} is not on the Docker engine and task ${task.id} has no environment/Dockerfile to build it from (named images are never pulled, FLEET_REGISTRY shares only built ones: load the image first)`);
   }
   return buildPart(deps, task, archive, 'environment', harbor.build.timeoutSec, opts);
 }
@@ -114,7 +114,7 @@ export async function resolveVerifierImage(
   }
   if (separate.build !== undefined) return buildPart(deps, task, archive, 'tests', separate.build.timeoutSec, opts);
   if (separate.dockerImage !== undefined) {
-    throw new FleetError('image_not_found', `the verifier's image ${separate.dockerImage} is not on the Docker engine and task ${task.id} has no tests/Dockerfile to build it from (there is no registry: load the image first)`);
+    throw new FleetError('image_not_found', `the verifier's image ${separate.dockerImage} is not on the Docker engine and task ${task.id} has no tests/Dockerfile to build it from (named images are never pulled, FLEET_REGISTRY shares only built ones: load the image first)`);
   }
   return agentImage;
 }
@@ -127,9 +127,9 @@ export function effectiveWorkdir(task: TaskSpec, image: TaskImage): string {
 
 /**
  * The image of every task service (environment/docker-compose.yaml's sidecars) on this engine: an
- * `image:` the engine must have (there is no registry), the agent's image for `${MAIN_IMAGE_NAME}`, or
+ * `image:` the engine must have (named images are never pulled), the agent's image for `${MAIN_IMAGE_NAME}`, or
  * a `build:` context of the task folder, built and cached exactly as the main environment is (named by
- * the content digest of its folder and Dockerfile path).
+ * the content digest of its folder and Dockerfile path; with FLEET_REGISTRY built once and pulled by the other hosts).
  */
 export async function resolveServiceImages(
   deps: TaskImageDeps,
@@ -144,7 +144,7 @@ export async function resolveServiceImages(
     if (from.from === 'main') images.set(svc.name, mainImage);
     else if (from.from === 'image') {
       if (await inspectConfig(deps, from.reference, opts.signal) === undefined) {
-        throw new FleetError('image_not_found', `task service ${svc.name}: image ${from.reference} is not on the Docker engine (there is no registry: load the image first, or give the service a build:)`);
+        throw new FleetError('image_not_found', `task service ${svc.name}: image ${from.reference} is not on the Docker engine (named images are never pulled, FLEET_REGISTRY shares only built ones: load the image first, or give the service a build:)`);
       }
       images.set(svc.name, from.reference);
     } else {
