@@ -108,6 +108,8 @@ export interface EnvironmentImage {
   pulled?: boolean;
   /** The manifest digest this call pushed the image to the registry as. */
   pushed?: string;
+  /** How long that push took, in ms (part of readyMs). */
+  pushMs?: number;
   /** From the call to the image being there, in ms (the build, or the wait for someone else's). */
   readyMs: number;
   /** The build's log, when this call built it. */
@@ -383,8 +385,9 @@ async function buildAndPush(
       { timeoutMs: Math.round(spec.timeoutSec * 1000), callTimeoutMs: opts.callTimeoutMs ?? 30_000 },
     );
     await recordManifest(deps.redis, deps.prefix, registry, spec.digest, manifest);
-    held.log.info({ registry, manifest, pushMs: Math.round(performance.now() - started) }, 'environment image pushed to the registry');
-    return { ...built, pushed: manifest };
+    const pushMs = Math.round(performance.now() - started);
+    held.log.info({ registry, manifest, pushMs }, 'environment image pushed to the registry');
+    return { ...built, pushed: manifest, pushMs };
   } catch (err) {
     held.log.warn({ registry, err: (err as Error).message }, 'pushing the environment image to the registry failed: other hosts build their own');
     return built;
