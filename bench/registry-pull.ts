@@ -30,7 +30,7 @@ import { intOption } from './command-batch.ts';
 const { values } = parseArgs({ options: { rounds: { type: 'string', default: '3' }, mb: { type: 'string', default: '64' }, work: { type: 'string', default: '300' } } });
 const rounds = intOption(values, 'rounds');
 const mb = intOption(values, 'mb');
-const work = intOption(values, 'work');
+const work = intOption(values, 'work', 0);
 
 const log = pino({ level: 'silent' });
 const redisServer = await startPrivateRedis();

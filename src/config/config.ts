@@ -160,12 +160,12 @@ export const FleetConfig = z.object({
    * A registry (host:port, e.g. 127.0.0.1:5000 or registry.internal:443) the fleet shares built
    * Harbor environments through: the first host to need one builds it, pushes it and records its
    * manifest digest in Redis; the others pull it by that digest. Loopback registries are plain HTTP
-   * (the engine's default); others need TLS or the engine's insecure-registries. No credentials:
-   * the engine's own login is used. Unset: each engine builds its own.
+   * (the engine's default); others need TLS or the engine's insecure-registries. The fleet sends no
+   * credentials: the registry must take anonymous pushes and pulls. Unset: each engine builds its own.
    */
   FLEET_REGISTRY: z
     .string()
-    .refine((v) => !v.includes('@') && !v.includes('://'), 'must be host:port, without a scheme or credentials (the engine\'s own login is used)')
+    .refine((v) => !v.includes('@') && !v.includes('://'), 'must be host:port, without a scheme or credentials (a registry that needs a login is not supported)')
     .refine((v) => v.includes('@') || v.includes('://') || REGISTRY_HOST.test(v), 'must be host:port: a host name, IPv4 or [IPv6] address, and a port from 1 to 65535')
     .optional(),
   /** Runtime generations that no sandbox used for this long are removed by the reaper. @default 604800000 (7 days) */
