@@ -85,7 +85,7 @@ async function readProgress(res: IncomingMessage, what: string): Promise<Record<
 async function untag(docker: Docker, ref: string, timeoutMs: number): Promise<void> {
   // noprune: only the name goes; the image keeps its local tag.
   await dockerCall('untag image', { timeoutMs }, (abortSignal) => docker.getImage(ref).remove({ noprune: true, abortSignal } as object)).catch((err: unknown) => {
-    if (dockerStatusOf((err as { cause?: unknown }).cause ?? err) !== 404) throw err;
+    if (dockerStatusOf(err) !== 404) throw err;
   });
 }
 

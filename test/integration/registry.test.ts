@@ -4,7 +4,8 @@
 // with its own worker process). Host A builds an environment and pushes it; host B pulls it by its
 // manifest digest and runs an episode of the same task without building (the same image id, A's
 // build time in its labels, B's worker log has no build); asked at once on both engines, one builds
-// and the other waits and pulls; `prepare` builds once and the other host pulls; with the registry
+// and the other waits and pulls (and pruning frees an image a killed push left a registry name on);
+// `prepare` builds once and the other host pulls; with the registry
 // away host B builds its own, says so in its log, and the episode still passes. Dockerfiles start FROM
 // the busybox sandbox image both engines have and are tiny.
 import { createHash, randomBytes } from 'node:crypto';
@@ -15,6 +16,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { tarBuffer } from '../../src/archive/tar-buffer.ts';
 import { ENV_IMAGE_REPOSITORY, ensureEnvironmentImage, environmentImageTag } from '../../src/environments/image-build.ts';
 import { shortEngineName } from '../../src/environments/prepare-job.ts';
+import { pruneEnvironmentImages } from '../../src/environments/prune-images.ts';
 import { envRegistryDigestKey } from '../../src/redis/redis-keys.ts';
 import { engineId, type Docker } from '../../src/sandbox/docker-client.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
@@ -137,6 +139,14 @@ describe('environments across hosts through a registry', () => {
       const again = await ask(engine);
       expect([again.built, again.pulled ?? false]).toEqual([false, false]);
     }
+    // A registry's name left on the engine (a push or pull killed before it was removed) does not keep
+    // a pruned image's layers: pruning removes it with the local tag.
+    const [repo, tag] = [`${registry.address}/${ENV_IMAGE_REPOSITORY}`, 'left-by-a-killed-push'];
+    await engineB.docker.getImage(b.image).tag({ repo, tag });
+    const pruned = await pruneEnvironmentImages({ docker: engineB.docker, redis: env.client, prefix: env.prefix, log: silentLog }, { budgetBytes: 0, minIdleMs: 0 });
+    expect(pruned.removed).toEqual([b.image]);
+    expect(await imageOn(engineB.docker, b.imageId)).toBeUndefined();
+    expect(await imageOn(engineB.docker, `${repo}:${tag}`)).toBeUndefined();
   });
 
   it('host A builds and pushes, host B pulls and runs the same task; prepare builds once; with the registry away host B builds its own', async () => {
