@@ -5,7 +5,7 @@
 // manifest digest and runs an episode of the same task without building (the same image id, A's
 // build time in its labels, B's worker log has no build); asked at once on both engines, one builds
 // and the other waits and pulls (and pruning frees an image a killed push left a registry name on);
-// `prepare` builds once and the other host pulls; with the registry
+// `prepare` builds once and the other host pulls (a separate verifier's image too); with the registry
 // away host B builds its own, says so in its log, and the episode still passes. Dockerfiles start FROM
 // the busybox sandbox image both engines have and are tiny.
 import { createHash, randomBytes } from 'node:crypto';
@@ -56,17 +56,19 @@ afterAll(async () => {
 }, 120_000);
 
 /** A Harbor task whose environment holds a token only its Dockerfile writes; the oracle copies it where the grader looks. */
-async function harborTask(name: string): Promise<string> {
+async function harborTask(name: string, opts: { separateVerifier?: boolean } = {}): Promise<string> {
   const dir = path.join(root, name);
   const token = `${name}-${randomBytes(6).toString('hex')}`;
   const files: Record<string, string> = {
-    'task.toml': 'version = "1.0"\n[environment]\nbuild_timeout_sec = 120.0\n[agent]\ntimeout_sec = 60.0\n[verifier]\ntimeout_sec = 60.0\n',
+    'task.toml': `version = "1.0"\n${opts.separateVerifier ? 'artifacts = ["/tmp/answer"]\n' : ''}[environment]\nbuild_timeout_sec = 120.0\n[agent]\ntimeout_sec = 60.0\n[verifier]\ntimeout_sec = 60.0\n${opts.separateVerifier ? '[verifier.environment]\nbuild_timeout_sec = 120.0\n' : ''}`,
     'instruction.md': 'Copy /etc/fleet-token to /tmp/answer.\n',
     // Harbor runs a task's commands with `bash -c`; the busybox image has only sh, so a two-line bash stands in.
     'environment/Dockerfile': `FROM ${DEFAULT_IMAGE}\nRUN printf '#!/bin/sh\\nexec /bin/sh "$@"\\n' > /bin/bash && chmod +x /bin/bash\nRUN echo ${token} > /etc/fleet-token\n`,
     'solution/solve.sh': '#!/bin/sh\ncp /etc/fleet-token /tmp/answer\n',
     'tests/test.sh': `#!/bin/sh\nif [ "$(cat /tmp/answer 2>/dev/null)" = "${token}" ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n`,
   };
+  // A separate verifier's own image, built from tests/ (the same builder, so the same registry path).
+  if (opts.separateVerifier) files['tests/Dockerfile'] = `FROM ${DEFAULT_IMAGE}\nRUN printf '#!/bin/sh\\nexec /bin/sh "$@"\\n' > /bin/bash && chmod +x /bin/bash\nCOPY test.sh /tests/test.sh\n`;
   for (const [rel, content] of Object.entries(files)) {
     await mkdir(path.dirname(path.join(dir, rel)), { recursive: true });
     await writeFile(path.join(dir, rel), content);
@@ -152,7 +154,7 @@ describe('environments across hosts through a registry', () => {
   it('host A builds and pushes, host B pulls and runs the same task; prepare builds once; with the registry away host B builds its own', async () => {
     const shared = await harborTask('shared-env');
     const fallback = await harborTask('fallback-env');
-    const prepared = await harborTask('prepared-env');
+    const prepared = await harborTask('prepared-env', { separateVerifier: true });
 
     // Host A alone: it builds both environments and pushes them.
     const hostA = spawnWorker(await hostEnv('host-a'), 'host-a');
@@ -186,8 +188,11 @@ describe('environments across hosts through a registry', () => {
     expect(manifest).toMatch(/^sha256:[0-9a-f]{64}$/);
     expect(await registry.hasManifest(ENV_IMAGE_REPOSITORY, manifest!)).toBe(true);
 
-    // prepare with both hosts live: one builds and pushes, the other pulls.
-    workers.push(spawnWorker(await hostEnv('host-a2'), 'host-a2'));
+    // prepare with both hosts live: one builds and pushes, the other pulls (the environment, and the
+    // separate verifier's image built from tests/).
+    const hostA2 = spawnWorker(await hostEnv('host-a2'), 'host-a2');
+    workers.push(hostA2);
+    const [bBuildsBefore, bPullsBefore] = [builds(hostB.output()), pulls(hostB.output())];
     const [idA, idB] = [await engineId(docker, { timeoutMs: 10_000 }), await engineId(engineB.docker, { timeoutMs: 10_000 })];
     await waitFor('both hosts to take prepare jobs', async () => {
       const engines = new Set((await readHostFacts(env.client, env.prefix)).filter((f) => f.prepareQueue !== undefined).map((f) => f.engineId));
@@ -204,6 +209,13 @@ describe('environments across hosts through a registry', () => {
     expect(run.stdout.match(/\(0 built, 1 pulled, 0 already there\)/g), detail).toHaveLength(1);
     const preparedTag = /prepared-env: (rollout-fleet\/env:[0-9a-f]{24})/.exec(run.stderr)![1]!;
     expect((await imageOn(docker, preparedTag))!.Id).toBe((await imageOn(engineB.docker, preparedTag))!.Id);
+    const preparedImages = async (engine: Docker) => (await engine.listImages({ filters: { label: [`${LABEL.envPrefix}=${env.prefix}`, 'rollout-fleet.task=prepared-env'] } })).map((i) => i.Id).sort();
+    expect(await preparedImages(docker)).toHaveLength(2);
+    expect(await preparedImages(engineB.docker)).toEqual(await preparedImages(docker));
+    // Two images, each built on one host and pulled on the other.
+    const workerLogs = () => [hostA2.output(), hostB.output()];
+    expect(builds(hostA2.output()) + builds(hostB.output()) - bBuildsBefore, workerLogs().join('\n')).toBe(2);
+    expect(pulls(hostA2.output()) + pulls(hostB.output()) - bPullsBefore, workerLogs().join('\n')).toBe(2);
     for (const w of workers.splice(1)) await w.stop();
 
     // The registry away: host B's pull of the other environment fails, it builds its own, and says so.
@@ -217,9 +229,11 @@ describe('environments across hosts through a registry', () => {
     expect(builds(hostB.output())).toBe(1);
     expect(pulls(hostB.output())).toBe(0);
     // Its own build: same tag as A's, its own build time.
-    const fallbackTag = [...(await envImages(engineB.docker)).keys()].find((t) => t !== tag && t !== preparedTag)!;
-    expect(fallbackTag).toBeDefined();
-    expect((await envImages(engineB.docker)).get(fallbackTag)!.builtAt).not.toBe(builtOnA.get(fallbackTag)!.builtAt);
+    const fallbackTag = [...builtOnA.keys()].find((t) => t !== tag)!;
+    const ownOnB = (await envImages(engineB.docker)).get(fallbackTag);
+    expect(ownOnB).toBeDefined();
+    expect(ownOnB!.builtAt).not.toBe(builtOnA.get(fallbackTag)!.builtAt);
+    expect(ownOnB!.id).not.toBe(builtOnA.get(fallbackTag)!.id);
     // Sharing it again failed too (the registry is away), which is logged and does not fail the episode.
     expect(hostB.output()).toContain('pushing the environment image to the registry failed');
   });
