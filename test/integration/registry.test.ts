@@ -5,7 +5,8 @@
 // manifest digest and runs an episode of the same task without building (the same image id, A's
 // build time in its labels, B's worker log has no build); asked at once on both engines, one builds
 // and the other waits and pulls (and pruning frees an image a killed push left a registry name on);
-// `prepare` builds once and the other host pulls (a separate verifier's image too); with the registry
+// a failed Dockerfile is remembered for the fleet; `prepare` builds once and the other host pulls
+// (a separate verifier's image too); with the registry
 // away host B builds its own, says so in its log, and the episode still passes. Dockerfiles start FROM
 // the busybox sandbox image both engines have and are tiny.
 import { createHash, randomBytes } from 'node:crypto';
@@ -14,7 +15,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { tarBuffer } from '../../src/archive/tar-buffer.ts';
-import { ENV_IMAGE_REPOSITORY, ensureEnvironmentImage, environmentImageTag } from '../../src/environments/image-build.ts';
+import { ENV_IMAGE_REPOSITORY, EnvironmentBuildError, ensureEnvironmentImage, environmentImageTag } from '../../src/environments/image-build.ts';
 import { shortEngineName } from '../../src/environments/prepare-job.ts';
 import { pruneEnvironmentImages } from '../../src/environments/prune-images.ts';
 import { envRegistryDigestKey } from '../../src/redis/redis-keys.ts';
@@ -149,6 +150,24 @@ describe('environments across hosts through a registry', () => {
     expect(pruned.removed).toEqual([b.image]);
     expect(await imageOn(engineB.docker, b.imageId)).toBeUndefined();
     expect(await imageOn(engineB.docker, `${repo}:${tag}`)).toBeUndefined();
+  });
+
+  it('a Dockerfile that fails on one host fails on the other from memory, with no build there', async () => {
+    const context = await tarBuffer((pack) => pack.entry({ name: 'Dockerfile', mode: 0o644 }, `FROM ${DEFAULT_IMAGE}\nRUN echo ${env.prefix} failing on purpose && exit 7\n`));
+    const digest = createHash('sha256').update(context).digest('hex');
+    const ask = (engine: Docker) => ensureEnvironmentImage(
+      { docker: engine, redis: env.client, prefix: env.prefix, log: silentLog, registry: registry.address },
+      { context, digest, timeoutSec: 120 },
+    );
+    const onA = await ask(docker).catch((err: unknown) => err);
+    expect(onA).toBeInstanceOf(EnvironmentBuildError);
+    expect(onA).toMatchObject({ code: 'environment_build_failed', remembered: false });
+    const onB = await ask(engineB.docker).catch((err: unknown) => err);
+    expect(onB).toBeInstanceOf(EnvironmentBuildError);
+    expect(onB).toMatchObject({ code: 'environment_build_failed', remembered: true });
+    expect((onB as EnvironmentBuildError).buildLog).toContain('failing on purpose');
+    // Nothing was pushed.
+    expect(await env.client.get(envRegistryDigestKey(env.prefix, registry.address, digest))).toBeNull();
   });
 
   it('host A builds and pushes, host B pulls and runs the same task; prepare builds once; with the registry away host B builds its own', async () => {
