@@ -63,7 +63,10 @@ export async function startRegistry(): Promise<TestRegistry> {
       const fd = openSync(logFile, 'a');
       proc = spawn('docker-registry', ['serve', config], { stdio: ['ignore', fd, fd] });
       const child = proc;
+      let spawnError: Error | undefined;
+      child.on('error', (err) => (spawnError = err));
       await waitFor('the registry to answer /v2/', async () => {
+        if (spawnError) throw new Error(`docker-registry did not start (${spawnError.message}): Debian's docker-registry package provides it (.ci/setup-host.sh installs it)`);
         if (child.exitCode !== null) throw new Error(`docker-registry exited (${child.exitCode}): ${await readFile(logFile, 'utf8')}`);
         return fetch(`http://${address}/v2/`).then((r) => r.status === 200, () => false);
       }, 30_000, 100);

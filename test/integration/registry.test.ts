@@ -6,9 +6,9 @@
 // build time in its labels, B's worker log has no build); asked at once on both engines, one builds
 // and the other waits and pulls (and pruning frees an image a killed push left a registry name on);
 // a failed Dockerfile is remembered for the fleet; `prepare` builds once and the other host pulls
-// (a separate verifier's image too); with the registry
-// away host B builds its own, says so in its log, and the episode still passes. Dockerfiles start FROM
-// the busybox sandbox image both engines have and are tiny.
+// (a separate verifier's image too); with the registry away host B builds its own, says so in its
+// log, and the episode still passes. Dockerfiles start FROM the busybox sandbox image both engines
+// have and are tiny.
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
