@@ -4,8 +4,10 @@
 // workers take, and gets one job per environment. Progress is one line per host and environment as
 // each ends (built, already there, or failed with its error's kind and code). The builds are a
 // worker's own (one per engine and content, under the fleet's Redis lock, a failure remembered), so
-// running it beside busy workers builds nothing twice. With no live worker (or --local) it builds on
-// this host's engine (DOCKER_HOST) itself, as before.
+// running it beside busy workers builds nothing twice. With FLEET_REGISTRY the workers' builds are
+// once for the fleet: one host builds and pushes, the others pull (their lines say which). With no
+// live worker (or --local) it builds on this host's engine (DOCKER_HOST) itself, as before (and
+// pushes, with a registry).
 import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
 import { Job, Queue } from 'bullmq';
