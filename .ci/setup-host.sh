@@ -2,7 +2,7 @@
 # Brings a fresh Debian machine (as root) to where the demo and the tests can run, reusing what already
 # runs: installs redis-server, docker.io, busybox-static, chromium (the dashboard's browser test) and
 # docker-compose (the compose file's test), btrfs-progs (the disk quota test's engine) and mmdebstrap
-# (the stand-in base images of Harbor tasks) and runsc (gVisor) if missing, starts dockerd without its
+# (the stand-in base images of Harbor tasks), runsc (gVisor) and docker-registry (the registry test) if missing, starts dockerd without its
 # default bridge when no engine answers, registers runsc with it as runtime `runsc`, runs `npm ci` when node_modules is stale, compiles dist/
 # (incrementally), and builds the local sandbox image rollout-fleet/sandbox:busybox (there is no registry to pull from).
 # Redis itself is not started here: the demo and the test suite each start a private redis-server
@@ -32,6 +32,10 @@ command -v mkfs.btrfs >/dev/null 2>&1 || need_pkgs+=(btrfs-progs)
 command -v mmdebstrap >/dev/null 2>&1 || need_pkgs+=(mmdebstrap)
 # gVisor's runsc, the optional sandbox runtime (FLEET_SANDBOX_RUNTIME=runsc), registered with the engine below.
 [ -x /usr/bin/runsc ] || need_pkgs+=(runsc)
+# Debian's docker-registry (the distribution registry) for the registry test (FLEET_REGISTRY): the test
+# starts its own process on a free loopback port with a temp storage folder; the package's service
+# on :5000 is not used (its start is refused in containers without an init system, harmless elsewhere).
+command -v docker-registry >/dev/null 2>&1 || need_pkgs+=(docker-registry)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -20,6 +20,8 @@ export interface PrepareProcessorDeps {
   log: Logger;
   workerId: string;
   callTimeoutMs: number;
+  /** FLEET_REGISTRY: the environment is built once for the fleet and pulled by the other hosts. */
+  registry?: string | undefined;
 }
 
 export function prepareProcessor(deps: PrepareProcessorDeps) {
@@ -33,7 +35,7 @@ export function prepareProcessor(deps: PrepareProcessorDeps) {
     try {
       const archive = await getTaskArchive(deps.redis, deps.prefix, taskDigest);
       const timeoutSec = task.harbor?.build?.timeoutSec ?? 0;
-      const imageDeps = { docker: deps.docker, redis: deps.redis, prefix: deps.prefix, log: deps.log, callTimeoutMs: deps.callTimeoutMs };
+      const imageDeps = { docker: deps.docker, redis: deps.redis, prefix: deps.prefix, log: deps.log, callTimeoutMs: deps.callTimeoutMs, registry: deps.registry };
       const image = await resolveTaskImage(
         imageDeps,
         task,
@@ -42,8 +44,8 @@ export function prepareProcessor(deps: PrepareProcessorDeps) {
       );
       // Everything else set-up would build or look for: the task services' images, a separate verifier's.
       await prepareOtherImages(imageDeps, task, archive, image);
-      const how = image.source === 'docker_image' ? 'docker_image' : image.build?.built ? 'built' : 'already';
-      return { status: 'ready', image: image.image, how, ms: Math.round(performance.now() - started), engineId: engine, workerId: deps.workerId };
+      const how = image.source === 'docker_image' ? 'docker_image' : image.build?.built ? 'built' : image.build?.pulled ? 'pulled' : 'already';
+      return { status: 'ready', image: image.image, how, ms: Math.round(performance.now() - started), ...(image.build?.pushed !== undefined && { pushed: image.build.pushed }), engineId: engine, workerId: deps.workerId };
     } catch (err) {
       const fleet = err instanceof FleetError ? err : undefined;
       const code = fleet?.code ?? 'unexpected';

@@ -89,8 +89,9 @@ drains it (running episodes are handed over) and it exits 0.`,
     about: `Builds every Harbor task's environment/ of the batch on the engine of every host with a live
 worker (each engine's workers take its jobs), one line of progress per host and environment: built,
 already there, or failed with its error's kind and code. The builds are the workers' own (one per
-engine and content, under the fleet's lock). With no live worker it says so and builds on the engine
-at DOCKER_HOST instead. Exit 1 when an environment failed (or was not done in time) on some host.`,
+engine and content, under the fleet's lock; with FLEET_REGISTRY one build for the fleet, pushed, and
+pulled by every other host). With no live worker it says so and builds on the engine at DOCKER_HOST
+instead. Exit 1 when an environment failed (or was not done in time) on some host.`,
     optionHelp: `  --local           build on the engine at DOCKER_HOST only, not through the workers
   --timeout-ms N    give up on what is not done after N ms (default: the sum of the build timeouts plus 2 min each)`,
     options: PREPARE_OPTIONS,

@@ -4,8 +4,10 @@
 // workers take, and gets one job per environment. Progress is one line per host and environment as
 // each ends (built, already there, or failed with its error's kind and code). The builds are a
 // worker's own (one per engine and content, under the fleet's Redis lock, a failure remembered), so
-// running it beside busy workers builds nothing twice. With no live worker (or --local) it builds on
-// this host's engine (DOCKER_HOST) itself, as before.
+// running it beside busy workers builds nothing twice. With FLEET_REGISTRY the workers' builds are
+// once for the fleet: one host builds and pushes, the others pull (their lines say which). With no
+// live worker (or --local) it builds on this host's engine (DOCKER_HOST) itself, as before (and
+// pushes, with a registry).
 import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
 import { Job, Queue } from 'bullmq';
@@ -59,7 +61,7 @@ export async function prepareCommand(cli: Cli, args: string[]): Promise<number> 
 async function prepareHere(cli: Cli, redis: Redis, harbor: HarborTask[]): Promise<number> {
   const { config } = cli;
   const docker = await cli.docker();
-  const imageDeps = { docker, redis, prefix: config.FLEET_PREFIX, log: cli.log, callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS };
+  const imageDeps = { docker, redis, prefix: config.FLEET_PREFIX, log: cli.log, callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS, registry: config.FLEET_REGISTRY };
   let failed = 0;
   for (const [i, task] of harbor.entries()) {
     const started = performance.now();
@@ -73,7 +75,7 @@ async function prepareHere(cli: Cli, redis: Redis, harbor: HarborTask[]): Promis
         archive,
         { signal: AbortSignal.timeout(buildTimeoutMs(task)), onBuildWait: () => process.stderr.write(`${line}: building...\n`) },
       );
-      const how = image.source === 'docker_image' ? 'docker_image on the engine' : image.build?.built ? 'built' : 'already there';
+      const how = image.source === 'docker_image' ? 'docker_image on the engine' : image.build?.built ? (image.build.pushed !== undefined ? `built, pushed to ${config.FLEET_REGISTRY}` : 'built') : image.build?.pulled ? `pulled from ${config.FLEET_REGISTRY}` : 'already there';
       // Its task services' images and a separate verifier's too, as set-up would make them.
       const services = await prepareOtherImages(imageDeps, task.spec, archive, image);
       process.stderr.write(`${line}: ${image.image} (${how}${services > 0 ? `, and ${services} task service image(s)` : ''}, ${seconds(performance.now() - started)})\n`);
@@ -96,6 +98,7 @@ interface EngineTarget {
   done: number;
   ready: number;
   built: number;
+  pulled: number;
   failed: number;
 }
 
@@ -130,7 +133,7 @@ async function prepareOnFleet(
   for (const [engineId, e] of byEngine) {
     const label = `${[...e.hosts].join(',')} (engine ${shortEngineName(engineId)}, worker${e.workers.length === 1 ? '' : 's'} ${e.workers.join(',')})`;
     if (e.queue === undefined) unreachable.push(label);
-    else targets.push({ engineId, label, queue: new Queue(e.queue, { connection: redis, prefix }), pending: new Map(), done: 0, ready: 0, built: 0, failed: 0 });
+    else targets.push({ engineId, label, queue: new Queue(e.queue, { connection: redis, prefix }), pending: new Map(), done: 0, ready: 0, built: 0, pulled: 0, failed: 0 });
   }
   for (const label of unreachable) {
     process.stderr.write(`${label}: not prepared: its workers take no prepare jobs (a version before them, or still starting); run prepare again, or prepare --local on that host\n`);
@@ -181,7 +184,10 @@ async function prepareOnFleet(
           t.pending.delete(id);
           t.ready += 1;
           if (r.how === 'built') t.built += 1;
-          const how = r.how === 'built' ? `built by ${r.workerId}` : r.how === 'docker_image' ? 'docker_image on the engine' : 'already there';
+          if (r.how === 'pulled') t.pulled += 1;
+          const how = r.how === 'built' ? `built by ${r.workerId}${r.pushed !== undefined ? `, pushed as ${r.pushed}` : ''}`
+            : r.how === 'pulled' ? `pulled by ${r.workerId} from the registry`
+            : r.how === 'docker_image' ? 'docker_image on the engine' : 'already there';
           line(t, task, `${r.image} (${how}, ${seconds(r.ms)})`);
         }
       }
@@ -222,7 +228,7 @@ async function prepareOnFleet(
   }
   for (const t of targets) {
     failed += t.failed;
-    process.stdout.write(`${t.label}: ${t.ready} of ${harbor.length} environments ready (${t.built} built, ${t.ready - t.built} already there), ${t.failed} failed\n`);
+    process.stdout.write(`${t.label}: ${t.ready} of ${harbor.length} environments ready (${t.built} built, ${t.pulled > 0 ? `${t.pulled} pulled, ` : ''}${t.ready - t.built - t.pulled} already there), ${t.failed} failed\n`);
   }
   return failed === 0 ? 0 : 1;
 }

@@ -72,6 +72,7 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
     sandboxPool: config.FLEET_SANDBOX_POOL,
     ...(config.FLEET_SANDBOX_RUNTIME !== undefined && { sandboxRuntime: config.FLEET_SANDBOX_RUNTIME }),
     network: { ceiling: config.FLEET_NETWORK_CEILING, hostsMap: parseEgressHosts(config.FLEET_EGRESS_HOSTS) },
+    ...(config.FLEET_REGISTRY !== undefined && { registry: config.FLEET_REGISTRY }),
     admission: {
       autotune: config.FLEET_WORKER_AUTOTUNE,
       floor: config.FLEET_WORKER_CONCURRENCY_FLOOR,

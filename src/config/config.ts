@@ -11,6 +11,15 @@ import { parseEgressHosts } from '../egress/host-rules.ts';
 import { DEFAULT_NETWORK_CEILING, NETWORK_MODE_NAMES } from '../egress/network-grant.ts';
 
 const positiveInt = z.coerce.number().int().positive();
+/** A registry's host and port (distribution/reference's domain): name, IPv4 or [IPv6], then :1-65535. */
+const REGISTRY_HOST = /^(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\]):(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$/;
+
+/** The input as described in errors: a FLEET_REGISTRY carrying credentials (user:pass@host) is not echoed. */
+function shownInput(input: Record<string, string>): Record<string, string> {
+  const registry = input.FLEET_REGISTRY;
+  if (registry === undefined || !registry.includes('@')) return input;
+  return { ...input, FLEET_REGISTRY: `***@${registry.slice(registry.lastIndexOf('@') + 1)}` };
+}
 
 export const FleetConfig = z.object({
   /** Redis for the queues. Unset: `demo` starts a private redis-server; other commands refuse. */
@@ -181,6 +190,18 @@ export const FleetConfig = z.object({
   FLEET_ENV_PRUNE_INTERVAL_MS: z.coerce.number().int().min(0).default(600_000),
   /** Built environment images asked for within this long are kept whatever the budget. @default 600000 */
   FLEET_ENV_IMAGE_MIN_IDLE_MS: z.coerce.number().int().min(0).default(600_000),
+  /**
+   * A registry (host:port, e.g. 127.0.0.1:5000 or registry.internal:443) the fleet shares built
+   * Harbor environments through: the first host to need one builds it, pushes it and records its
+   * manifest digest in Redis; the others pull it by that digest. Loopback registries are plain HTTP
+   * (the engine's default); others need TLS or the engine's insecure-registries. The fleet sends no
+   * credentials: the registry must take anonymous pushes and pulls. Unset: each engine builds its own.
+   */
+  FLEET_REGISTRY: z
+    .string()
+    .refine((v) => !v.includes('@') && !v.includes('://'), 'must be host:port, without a scheme or credentials (a registry that needs a login is not supported)')
+    .refine((v) => v.includes('@') || v.includes('://') || REGISTRY_HOST.test(v), 'must be host:port: a host name, IPv4 or [IPv6] address, and a port from 1 to 65535')
+    .optional(),
   /** Runtime generations that no sandbox used for this long are removed by the reaper. @default 604800000 (7 days) */
   FLEET_RUNTIME_MAX_IDLE_MS: positiveInt.default(7 * 24 * 3600 * 1000),
   /**
@@ -229,7 +250,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): FleetConfig {
     }),
   );
   const parsed = FleetConfig.safeParse(input);
-  if (!parsed.success) throw new ConfigError(describeIssues(parsed.error, input));
+  if (!parsed.success) throw new ConfigError(describeIssues(parsed.error, shownInput(input)));
   // The endpoint table's form is checked here too, so a bad one stops every command at start (its
   // keys' variables only where they are used: the worker, through modelSettings).
   try {

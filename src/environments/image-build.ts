@@ -6,6 +6,14 @@
 // is remembered per engine and digest for a while, so the next sample fails at once instead of
 // building again. An engine that fails under the build is infrastructure (retried).
 //
+// With a registry (FLEET_REGISTRY) an environment is built once for the fleet: the engine lock above
+// is still taken (pruning and this engine's other processes respect it), and the build itself also
+// takes a lock keyed by the registry and digest, so one host builds while the others wait; it pushes
+// the image and records the manifest digest in Redis, and every other host pulls it by that digest
+// (image-registry.ts) instead of building. A pull that fails (the registry away, the manifest gone)
+// falls back to a build on this engine, logged, then pushed again; a push that fails leaves the image
+// usable here and unshared. A failed Dockerfile is remembered for the whole fleet, not per engine.
+//
 // The build is `POST /build?version=2` sent through the engine client's modem, not
 // dockerode's buildImage: for version 2 that opens a BuildKit session first (a hijacked /session
 // connection speaking gRPC), which a context sent as the request body does not need. BuildKit tags
@@ -22,6 +30,7 @@ import { isLocked, tryLock, type HeldLock } from '../redis/token-lock.ts';
 import { dockerCall, dockerStatusOf, engineId, type Docker } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import { BuildLog } from './buildkit-trace.ts';
+import { pullImage, pushImage, recordManifest, recordedManifest } from './image-registry.ts';
 
 /** Repository of every built environment image; the tag is the first 24 hex digits of the digest. */
 export const ENV_IMAGE_REPOSITORY = 'rollout-fleet/env';
@@ -37,6 +46,11 @@ export interface EnvironmentBuildDeps {
   /** The fleet's Redis key prefix: keys live under it, and built images are labelled with it. */
   prefix: string;
   log: Logger;
+  /**
+   * The registry (host:port, FLEET_REGISTRY) environments are shared through: built once for the
+   * fleet, pushed, pulled by the other hosts. Unset: each engine builds its own.
+   */
+  registry?: string | undefined;
 }
 
 export interface EnvironmentBuildSpec {
@@ -88,8 +102,14 @@ export interface EnvironmentImage {
   /** The engine's image id. */
   imageId: string;
   digest: string;
-  /** This call ran the build (false: the image existed, or another caller built it). */
+  /** This call ran the build (false: the image existed, another caller built it, or it was pulled). */
   built: boolean;
+  /** This call pulled it from the registry (another host built it). */
+  pulled?: boolean;
+  /** The manifest digest this call pushed the image to the registry as. */
+  pushed?: string;
+  /** How long that push took, in ms (part of readyMs). */
+  pushMs?: number;
   /** From the call to the image being there, in ms (the build, or the wait for someone else's). */
   readyMs: number;
   /** The build's log, when this call built it. */
@@ -174,6 +194,11 @@ export async function ensureEnvironmentImage(
   return joined ? { image: result.image, imageId: result.imageId, digest: result.digest, built: false, readyMs } : { ...result, readyMs };
 }
 
+/** Where the fleet-wide build lock and failure memory of a registry live (in place of an engine id). */
+function registryScope(registry: string): string {
+  return `registry/${registry}`;
+}
+
 async function inspectImage(docker: Docker, image: string, timeoutMs: number): Promise<{ Id: string } | undefined> {
   // Image.inspect takes no abort signal (it would become a query parameter); dockerCall's race bounds it.
   try {
@@ -202,7 +227,8 @@ async function ensureOnce(deps: EnvironmentBuildDeps, spec: EnvironmentBuildSpec
   const waitTimeoutMs = opts.waitTimeoutMs ?? spec.timeoutSec * 1000 + 60_000;
   const engine = await engineId(deps.docker, { timeoutMs: callTimeoutMs });
   const lockKey = envBuildLockKey(deps.prefix, engine, spec.digest);
-  const failureKey = envBuildFailureKey(deps.prefix, engine, spec.digest);
+  // With a registry a failed Dockerfile is the fleet's to remember: no other host builds it again.
+  const failureKey = envBuildFailureKey(deps.prefix, deps.registry !== undefined ? registryScope(deps.registry) : engine, spec.digest);
   const log = deps.log.child({ environment: image, digest: spec.digest });
   const found = async (): Promise<EnvironmentImage | undefined> => {
     const info = await inspectImage(deps.docker, image, callTimeoutMs);
@@ -233,7 +259,8 @@ async function ensureOnce(deps: EnvironmentBuildDeps, spec: EnvironmentBuildSpec
         const failedNow = await rememberedFailure(deps.redis, failureKey, spec.digest);
         if (failedNow) throw (unused(), failedNow);
         if (waitedSince === undefined) opts.onWait?.({ image, builder: 'this-process' });
-        return await buildLocked(deps, spec, image, opts, { engine, failureKey, lock, log });
+        if (deps.registry !== undefined) return await viaRegistry(deps, deps.registry, spec, image, opts, { engine, failureKey, lock, log });
+        return await buildLocked(deps, spec, image, opts, { engine, failureKey, lockSignal: lock.signal, log });
       } finally {
         await lock.release().catch((err: unknown) => log.warn({ err: (err as Error).message }, 'releasing the environment build lock failed'));
       }
@@ -249,6 +276,121 @@ async function ensureOnce(deps: EnvironmentBuildDeps, spec: EnvironmentBuildSpec
       }
       await new Promise((resolve) => setTimeout(resolve, pollMs));
     }
+  }
+}
+
+/**
+ * Under this engine's lock, with a registry: pull what another host pushed; else build under the
+ * fleet-wide lock (or wait for the host that holds it, then pull) and push.
+ */
+async function viaRegistry(
+  deps: EnvironmentBuildDeps,
+  registry: string,
+  spec: EnvironmentBuildSpec,
+  image: string,
+  opts: EnvironmentBuildOptions,
+  held: { engine: string; failureKey: string; lock: HeldLock; log: Logger },
+): Promise<EnvironmentImage> {
+  const { lockTtlMs = 30_000, pollMs = 100 } = opts;
+  const waitTimeoutMs = opts.waitTimeoutMs ?? spec.timeoutSec * 1000 + 60_000;
+  const { log } = held;
+  const fleetLockKey = envBuildLockKey(deps.prefix, registryScope(registry), spec.digest);
+  let waitedSince: number | undefined;
+  for (;;) {
+    const manifest = await recordedManifest(deps.redis, deps.prefix, registry, spec.digest);
+    if (manifest !== undefined) {
+      const pulled = await pullFromRegistry(deps, registry, spec, image, manifest, opts, held);
+      if (pulled) return pulled;
+      // The registry is away or lost it: build here (never a wrong image), and share it again.
+      return await buildAndPush(deps, registry, spec, image, opts, { ...held, lockSignal: held.lock.signal });
+    }
+    const failed = await rememberedFailure(deps.redis, held.failureKey, spec.digest);
+    if (failed) throw failed;
+    const fleetLock = await tryLock(deps.redis, fleetLockKey, {
+      ttlMs: lockTtlMs,
+      renew: { log, lostReason: (k) => new FleetError('environment_build_interrupted', `lost the fleet's environment build lock ${k}`) },
+    });
+    if (fleetLock) {
+      try {
+        // Pushed, or failed, by the previous holder in between: see above.
+        if (await recordedManifest(deps.redis, deps.prefix, registry, spec.digest) !== undefined) continue;
+        const failedNow = await rememberedFailure(deps.redis, held.failureKey, spec.digest);
+        if (failedNow) throw failedNow;
+        return await buildAndPush(deps, registry, spec, image, opts, { ...held, lockSignal: AbortSignal.any([held.lock.signal, fleetLock.signal]) });
+      } finally {
+        await fleetLock.release().catch((err: unknown) => log.warn({ err: (err as Error).message }, 'releasing the fleet\'s environment build lock failed'));
+      }
+    }
+    if (waitedSince === undefined) {
+      waitedSince = Date.now();
+      log.info({ registry }, 'waiting for another host to build and push the environment');
+    }
+    while (await isLocked(deps.redis, fleetLockKey)) {
+      held.lock.signal.throwIfAborted();
+      if (Date.now() - waitedSince > waitTimeoutMs) {
+        throw new FleetError('environment_build_interrupted', `environment ${image} was still being built by another host after ${waitTimeoutMs} ms`);
+      }
+      await new Promise((resolve) => setTimeout(resolve, pollMs));
+    }
+  }
+}
+
+/** The image pulled by its recorded manifest digest and tagged as if built here; undefined (logged) when the pull fails. */
+async function pullFromRegistry(
+  deps: EnvironmentBuildDeps,
+  registry: string,
+  spec: EnvironmentBuildSpec,
+  image: string,
+  manifest: string,
+  opts: EnvironmentBuildOptions,
+  held: { engine: string; log: Logger },
+): Promise<EnvironmentImage | undefined> {
+  const { callTimeoutMs = 30_000 } = opts;
+  const started = performance.now();
+  try {
+    const imageId = await pullImage(
+      deps.docker,
+      { registry, repository: ENV_IMAGE_REPOSITORY, manifest },
+      { repo: ENV_IMAGE_REPOSITORY, tag: image.slice(ENV_IMAGE_REPOSITORY.length + 1) },
+      // Pulled by digest, so the bytes are what was pushed; the labels make sure what was recorded is this environment.
+      { [LABEL.envDigest]: spec.digest, [LABEL.envPrefix]: deps.prefix },
+      { timeoutMs: Math.round(spec.timeoutSec * 1000), callTimeoutMs },
+    );
+    await touch(deps, held.engine, image);
+    const pullMs = Math.round(performance.now() - started);
+    held.log.info({ registry, manifest, pullMs, imageId }, 'environment image pulled from the registry');
+    return { image, imageId, digest: spec.digest, built: false, pulled: true, readyMs: pullMs };
+  } catch (err) {
+    held.log.warn({ registry, manifest, err: (err as Error).message }, 'pulling the environment image from the registry failed: building it on this engine instead');
+    return undefined;
+  }
+}
+
+/** Build on this engine, then push and record the manifest digest (a failed push is logged: the image is still good here). */
+async function buildAndPush(
+  deps: EnvironmentBuildDeps,
+  registry: string,
+  spec: EnvironmentBuildSpec,
+  image: string,
+  opts: EnvironmentBuildOptions,
+  held: { engine: string; failureKey: string; lockSignal: AbortSignal; log: Logger },
+): Promise<EnvironmentImage> {
+  const built = await buildLocked(deps, spec, image, opts, held);
+  const started = performance.now();
+  try {
+    const manifest = await pushImage(
+      deps.docker,
+      image,
+      { registry, repository: ENV_IMAGE_REPOSITORY, tag: image.slice(ENV_IMAGE_REPOSITORY.length + 1) },
+      { timeoutMs: Math.round(spec.timeoutSec * 1000), callTimeoutMs: opts.callTimeoutMs ?? 30_000 },
+    );
+    await recordManifest(deps.redis, deps.prefix, registry, spec.digest, manifest);
+    const pushMs = Math.round(performance.now() - started);
+    held.log.info({ registry, manifest, pushMs }, 'environment image pushed to the registry');
+    return { ...built, pushed: manifest, pushMs };
+  } catch (err) {
+    held.log.warn({ registry, err: (err as Error).message }, 'pushing the environment image to the registry failed: other hosts build their own');
+    return built;
   }
 }
 
@@ -269,7 +411,7 @@ async function buildLocked(
   spec: EnvironmentBuildSpec,
   image: string,
   opts: EnvironmentBuildOptions,
-  held: { engine: string; failureKey: string; lock: HeldLock; log: Logger },
+  held: { engine: string; failureKey: string; lockSignal: AbortSignal; log: Logger },
 ): Promise<EnvironmentImage> {
   const { failureTtlMs = 3_600_000, rememberTimeouts = true, logCapBytes = 1 << 20, callTimeoutMs = 30_000 } = opts;
   const { log } = held;
@@ -283,8 +425,8 @@ async function buildLocked(
     timedOut = true;
     abort.abort(new Error(`build_timeout_sec ${spec.timeoutSec} passed`));
   }, timeoutMs);
-  const onLost = () => abort.abort(held.lock.signal.reason);
-  held.lock.signal.addEventListener('abort', onLost, { once: true });
+  const onLost = () => abort.abort(held.lockSignal.reason);
+  held.lockSignal.addEventListener('abort', onLost, { once: true });
 
   const labels: Record<string, string> = {
     ...spec.labels,
@@ -364,7 +506,7 @@ async function buildLocked(
     throw new FleetError('environment_build_interrupted', `environment ${image}: the engine failed under the build: ${detail}`, { cause: err });
   } finally {
     clearTimeout(timer);
-    held.lock.signal.removeEventListener('abort', onLost);
+    held.lockSignal.removeEventListener('abort', onLost);
     if (body instanceof Readable) body.destroy();
     res?.destroy();
   }

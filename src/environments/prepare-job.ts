@@ -36,9 +36,11 @@ export const PrepareResult = z.discriminatedUnion('status', [
   z.object({
     status: z.literal('ready'),
     image: z.string(),
-    /** built: this job built it; already: the engine had it (or another caller built it meanwhile); docker_image: the task's own image is on the engine. */
-    how: z.enum(['built', 'already', 'docker_image']),
+    /** built: this job built it; pulled: this job pulled it from the registry (another host built it); already: the engine had it (or another caller built it meanwhile); docker_image: the task's own image is on the engine. */
+    how: z.enum(['built', 'pulled', 'already', 'docker_image']),
     ms: z.number(),
+    /** The manifest digest this job pushed it to the registry as (built, with FLEET_REGISTRY). */
+    pushed: z.string().optional(),
     engineId: z.string(),
     workerId: z.string(),
   }),

@@ -5,6 +5,10 @@
 // FROM) are not freed by removing it, so the engine's shared size is subtracted. Images asked for
 // within `minIdleMs` are kept whatever the budget (an episode may be about to create its container
 // from one), as are images a container still uses and images whose build lock is held.
+// With a registry (FLEET_REGISTRY) the registry's names of an image (<registry>/rollout-fleet/env:<tag>
+// or @sha256:...) are removed after a push or pull; one left by a process killed in between would
+// hold the image's layers, so they are removed with the local tag (and an image that has only such a
+// name counts as built at its build label).
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { envBuildLockKey, envLastUsedKey } from '../redis/redis-keys.ts';
@@ -43,6 +47,8 @@ export interface PruneResult {
 
 interface Candidate {
   tag: string;
+  /** The image's other names of the environment repository (a registry's, left by a killed push or pull). */
+  others: string[];
   digest: string;
   bytes: number;
   lastUsed: number;
@@ -51,6 +57,7 @@ interface Candidate {
 interface DfImage {
   Id: string;
   RepoTags?: string[] | null;
+  RepoDigests?: string[] | null;
   Labels?: Record<string, string> | null;
   Size: number;
   SharedSize: number;
@@ -76,12 +83,14 @@ export async function pruneEnvironmentImages(deps: PruneDeps, opts: PruneOptions
     if (img.Labels?.[LABEL.envPrefix] !== prefix) continue;
     const digest = img.Labels[LABEL.envDigest] ?? '';
     const bytes = Math.max(0, img.SharedSize >= 0 ? img.Size - img.SharedSize : img.Size);
-    for (const tag of img.RepoTags ?? []) {
-      if (!tag.startsWith(`${ENV_IMAGE_REPOSITORY}:`)) continue;
-      const built = Date.parse(img.Labels[LABEL.envBuiltAt] ?? '') || img.Created * 1000;
-      candidates.push({ tag, digest, bytes, lastUsed: Number(lastUsed[tag] ?? 0) || built });
-      break; // one tag per image: its bytes are counted once
-    }
+    const local = (img.RepoTags ?? []).filter((t) => t.startsWith(`${ENV_IMAGE_REPOSITORY}:`));
+    const registryNames = [...(img.RepoTags ?? []), ...(img.RepoDigests ?? [])]
+      .filter((r) => r.includes(`/${ENV_IMAGE_REPOSITORY}:`) || r.includes(`/${ENV_IMAGE_REPOSITORY}@`));
+    // One candidate per image (its bytes are counted once), named by its first local tag.
+    const tag = local[0] ?? registryNames[0];
+    if (tag === undefined) continue;
+    const built = Date.parse(img.Labels[LABEL.envBuiltAt] ?? '') || img.Created * 1000;
+    candidates.push({ tag, others: [...local.slice(1), ...registryNames].filter((r) => r !== tag), digest, bytes, lastUsed: Number(lastUsed[tag] ?? 0) || built });
   }
   candidates.sort((a, b) => a.lastUsed - b.lastUsed);
   let total = candidates.reduce((sum, c) => sum + c.bytes, 0);
@@ -98,6 +107,13 @@ export async function pruneEnvironmentImages(deps: PruneDeps, opts: PruneOptions
       // Asked for since we listed (or the image was built again): keep it.
       const fresh = Number((await redis.hget(lastUsedKey, c.tag)) ?? 0) || c.lastUsed;
       if (now - fresh < minIdleMs) continue;
+      // Its stray names first: with more than one name the engine untags even an image a container
+      // uses, so the last name removed must be the one whose 409 keeps such an image.
+      for (const other of c.others) {
+        await dockerCall('remove image', call, (abortSignal) => docker.getImage(other).remove({ noprune: true, abortSignal } as object)).catch((err: unknown) => {
+          if (dockerStatusOf(err) !== 404 && dockerStatusOf(err) !== 409) log.warn({ image: other, err: (err as Error).message }, 'removing another name of an environment image failed');
+        });
+      }
       try {
         // Not forced: an image a container still uses (running or not) answers 409 and stays.
         await dockerCall('remove image', call, (abortSignal) => docker.getImage(c.tag).remove({ abortSignal } as object));

@@ -1,8 +1,10 @@
 // The image an episode's sandbox is created from, and what of it the task's commands need (workdir,
 // user). The fleet's own tasks name an image the engine must have. A Harbor task names its
-// `docker_image`, used when the engine has it (there is no registry to pull from), and/or ships
-// environment/ with a Dockerfile, built here once per engine and content (image-build.ts) and reused
-// by every later episode, as runtime generations are.
+// `docker_image`, used when the engine has it (it is never pulled), and/or ships environment/ with a
+// Dockerfile, built here once per engine and content (image-build.ts), or once for the fleet and
+// pulled by the other hosts when a registry is set (FLEET_REGISTRY), and reused by every later
+// episode, as runtime generations are. Task services built from a Dockerfile and a separate
+// verifier's tests/ image go the same way.
 import { createHash } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
@@ -25,7 +27,7 @@ export interface TaskImage {
   /** The image's WORKDIR and USER, as its config says ('' when unset). */
   config: { workdir: string; user: string };
   /** The build, when this episode ran or waited for one. */
-  build?: Pick<EnvironmentImage, 'built' | 'readyMs'>;
+  build?: Pick<EnvironmentImage, 'built' | 'readyMs' | 'pulled' | 'pushed'>;
 }
 
 export interface TaskImageDeps {
@@ -34,6 +36,8 @@ export interface TaskImageDeps {
   prefix: string;
   log: Logger;
   callTimeoutMs: number;
+  /** FLEET_REGISTRY: built environments are shared through it (image-build.ts). Unset: each engine builds its own. */
+  registry?: string | undefined;
 }
 
 /**
@@ -73,7 +77,7 @@ export async function resolveTaskImage(
     if (config !== undefined) return { image: harbor.dockerImage, source: 'docker_image', config };
   }
   if (harbor.build === undefined) {
-    throw new FleetError('image_not_found', `image ${harbor.dockerImage ?? '(none)'} is not on the Docker engine and task ${task.id} has no environment/Dockerfile to build it from (there is no registry: load the image first)`);
+    throw new FleetError('image_not_found', `image ${harbor.dockerImage ?? '(none)'} is not on the Docker engine and task ${task.id} has no environment/Dockerfile to build it from (named images are never pulled, FLEET_REGISTRY shares only built ones: load the image first)`);
   }
   return buildPart(deps, task, archive, 'environment', harbor.build.timeoutSec, opts);
 }
@@ -88,7 +92,7 @@ async function buildPart(deps: TaskImageDeps, task: TaskSpec, archive: TaskArchi
   );
   const config = await inspectConfig(deps, built.image, opts.signal);
   if (config === undefined) throw new FleetError('docker_error', `the ${part === 'tests' ? 'verifier' : 'environment'} image ${built.image} vanished from the engine right after it was ready`);
-  return { image: built.image, source: 'built', digest, config, build: { built: built.built, readyMs: built.readyMs } };
+  return { image: built.image, source: 'built', digest, config, build: { built: built.built, readyMs: built.readyMs, ...(built.pulled && { pulled: true }), ...(built.pushed !== undefined && { pushed: built.pushed }) } };
 }
 
 /**
@@ -110,7 +114,7 @@ export async function resolveVerifierImage(
   }
   if (separate.build !== undefined) return buildPart(deps, task, archive, 'tests', separate.build.timeoutSec, opts);
   if (separate.dockerImage !== undefined) {
-    throw new FleetError('image_not_found', `the verifier's image ${separate.dockerImage} is not on the Docker engine and task ${task.id} has no tests/Dockerfile to build it from (there is no registry: load the image first)`);
+    throw new FleetError('image_not_found', `the verifier's image ${separate.dockerImage} is not on the Docker engine and task ${task.id} has no tests/Dockerfile to build it from (named images are never pulled, FLEET_REGISTRY shares only built ones: load the image first)`);
   }
   return agentImage;
 }
@@ -123,9 +127,9 @@ export function effectiveWorkdir(task: TaskSpec, image: TaskImage): string {
 
 /**
  * The image of every task service (environment/docker-compose.yaml's sidecars) on this engine: an
- * `image:` the engine must have (there is no registry), the agent's image for `${MAIN_IMAGE_NAME}`, or
+ * `image:` the engine must have (named images are never pulled), the agent's image for `${MAIN_IMAGE_NAME}`, or
  * a `build:` context of the task folder, built and cached exactly as the main environment is (named by
- * the content digest of its folder and Dockerfile path).
+ * the content digest of its folder and Dockerfile path; with FLEET_REGISTRY built once and pulled by the other hosts).
  */
 export async function resolveServiceImages(
   deps: TaskImageDeps,
@@ -140,7 +144,7 @@ export async function resolveServiceImages(
     if (from.from === 'main') images.set(svc.name, mainImage);
     else if (from.from === 'image') {
       if (await inspectConfig(deps, from.reference, opts.signal) === undefined) {
-        throw new FleetError('image_not_found', `task service ${svc.name}: image ${from.reference} is not on the Docker engine (there is no registry: load the image first, or give the service a build:)`);
+        throw new FleetError('image_not_found', `task service ${svc.name}: image ${from.reference} is not on the Docker engine (named images are never pulled, FLEET_REGISTRY shares only built ones: load the image first, or give the service a build:)`);
       }
       images.set(svc.name, from.reference);
     } else {

@@ -64,6 +64,8 @@ export interface EpisodeDeps {
   policy?: PolicyStamper | undefined;
   /** The network ceiling of every phase and the egress proxy's name overrides. @default DEFAULT_NETWORK (src/egress/network-grant.ts) */
   network?: NetworkSettings | undefined;
+  /** FLEET_REGISTRY: environments built once for the fleet and pulled by the other hosts. @default none: each engine builds its own */
+  registry?: string | undefined;
 }
 
 /** The worker's model settings as given to startWorker: its endpoints, and what every episode's proxy shares. */

@@ -29,7 +29,7 @@ import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult, WorkerEndp
 import { DEFAULT_ENDPOINT } from '../config/model-endpoints.ts';
 
 /** What set-up uses of the worker's clients and stores. */
-export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime' | 'policy' | 'network'>;
+export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime' | 'policy' | 'network' | 'registry'>;
 
 const ROOT = { uid: 0, gid: 0 } as const;
 

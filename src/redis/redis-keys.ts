@@ -175,3 +175,6 @@ export const workerFactsKey = (prefix: string, workerId: string) => `${prefix}:w
 
 /** String (JSON `{episodeId, batchId, attempt}`) with a TTL: the episode that claimed a pooled sandbox, for the reaper. */
 export const sandboxClaimKey = (prefix: string, containerId: string) => `${prefix}:sandbox-claim:${containerId}`;
+
+/** String: the manifest digest (sha256:...) an environment of this content digest was pushed as to this registry (FLEET_REGISTRY), for other hosts to pull by. */
+export const envRegistryDigestKey = (prefix: string, registry: string, digest: string) => `${prefix}:env:pushed:${registry}:${digest}`;

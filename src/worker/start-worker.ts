@@ -70,6 +70,11 @@ export interface WorkerOptions {
   /** Every phase's network ceiling and the egress proxy's name overrides (FLEET_NETWORK_CEILING, FLEET_EGRESS_HOSTS). @default allowlist, none */
   network?: NetworkSettings;
   /**
+   * The registry (host:port, FLEET_REGISTRY) Harbor environments are shared through: built once for
+   * the fleet, pushed, and pulled by the other hosts. Unset: each engine builds its own.
+   */
+  registry?: string;
+  /**
    * Admission control (src/worker/admission.ts). With `autotune`, the worker runs between `floor` and
    * `concurrency` episodes at once, as the engine's latency (and the host's load, when a limit is set)
    * allows. Unset, or autotune false: a fixed `concurrency` (the engine's latency is still measured and
@@ -283,6 +288,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     pool,
     sandboxRuntime,
     network: opts.network ?? DEFAULT_NETWORK,
+    registry: opts.registry,
     scheduleCleanup: cleanupHandOver(cleanupQueue, docker, opts.callTimeoutMs),
   };
   // A stall (the worker running the attempt died) is an infrastructure failure: BullMQ may hand the
@@ -323,7 +329,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       try {
         const engine = await engineId(docker, { timeoutMs: opts.callTimeoutMs, signal: prepareStop.signal });
         if (prepareStop.signal.aborted) return;
-        prepare = new Worker(prepareQueueName(engine), prepareProcessor({ docker, redis: connection, prefix, log, workerId, callTimeoutMs: opts.callTimeoutMs }), { ...workerOpts, concurrency: 2 });
+        prepare = new Worker(prepareQueueName(engine), prepareProcessor({ docker, redis: connection, prefix, log, workerId, callTimeoutMs: opts.callTimeoutMs, registry: opts.registry }), { ...workerOpts, concurrency: 2 });
         prepare.on('error', outages.listener('prepare-worker', 'worker error', 'error'));
         hostFacts.touch(); // prepare finds this host from now on
         return;

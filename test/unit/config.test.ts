@@ -127,3 +127,41 @@ describe('outcomeOf', () => {
     ]);
   });
 });
+
+describe('FLEET_REGISTRY', () => {
+  const problemsOf = (value: string): string[] => {
+    try {
+      loadConfig({ FLEET_REGISTRY: value });
+    } catch (e) {
+      expect(e).toBeInstanceOf(ConfigError);
+      return (e as ConfigError).problems;
+    }
+    return [];
+  };
+
+  it('takes host:port (a name, IPv4 or [IPv6]), unset by default', () => {
+    expect(loadConfig({}).FLEET_REGISTRY).toBeUndefined();
+    for (const good of ['127.0.0.1:5000', 'registry.internal:443', 'reg-1.example.com:65535', '[::1]:5000']) {
+      expect(loadConfig({ FLEET_REGISTRY: good }).FLEET_REGISTRY).toBe(good);
+    }
+  });
+
+  it('names a bad one with its value', () => {
+    for (const bad of ['registry.internal', 'reg:0', 'reg:65536', 'reg:port', 'a b:5000', '127.0.0.1:5000/path', 'http://127.0.0.1:5000', '-reg:5000']) {
+      const problems = problemsOf(bad);
+      expect(problems, bad).toHaveLength(1);
+      expect(problems[0], bad).toMatch(/^FLEET_REGISTRY: must be host:port/);
+      expect(problems[0]!.endsWith(`(got ${JSON.stringify(bad)})`), problems[0]).toBe(true);
+    }
+  });
+
+  it('refuses credentials without echoing them', () => {
+    for (const bad of ['alice:hunter2@reg.internal:5000', 'https://alice:hunter2@reg.internal:5000', 'ghp_abcdefABCDEF0123456789@reg.internal:5000']) {
+      const problems = problemsOf(bad);
+      expect(problems, bad).toHaveLength(1);
+      expect(problems[0]).toMatch(/^FLEET_REGISTRY: must be host:port, without a scheme or credentials/);
+      expect(problems[0]).toContain('(got "***@reg.internal:5000")');
+      expect(problems[0]).not.toMatch(/alice|hunter2|ghp_/);
+    }
+  });
+});
