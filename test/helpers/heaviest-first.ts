@@ -7,6 +7,8 @@ import { BaseSequencer } from 'vitest/node';
 import path from 'node:path';
 
 const MEASURED_SEC: Record<string, number> = {
+  // Measured alone, load 7 to 20 on 2 cores (2026-12-03): 20 kill -9s of workers running three-service episodes.
+  'test/integration/harbor-services-kill.test.ts': 139,
   'test/integration/python-trainer.test.ts': 86,
   'test/integration/api-hostile.test.ts': 76,
   'test/integration/two-hosts.test.ts': 74,
