@@ -48,8 +48,9 @@ export interface ServicesInput {
   runtime: VolumeMount;
 }
 
-/** The holder's own limits: it only keeps the namespace. */
-const HOLDER_MEMORY = 32 * 1024 * 1024;
+/** The holder's own limits: it only keeps the namespace (admission counts them in an environment's cost). */
+export const HOLDER_LIMITS = { memoryMb: 32, cpus: 0.1 } as const;
+const HOLDER_MEMORY = HOLDER_LIMITS.memoryMb * 1024 * 1024;
 
 function safeName(s: string): string {
   return s.replace(/[^A-Za-z0-9_.-]/g, '_');
@@ -117,7 +118,7 @@ export async function startTaskServices(deps: ServicesDeps, input: ServicesInput
       SecurityOpt: ['no-new-privileges'],
       Memory: HOLDER_MEMORY,
       MemorySwap: HOLDER_MEMORY,
-      NanoCpus: 100_000_000,
+      NanoCpus: Math.round(HOLDER_LIMITS.cpus * 1e9),
       PidsLimit: 16,
       ReadonlyRootfs: true,
       Mounts: [{ Type: 'volume', Source: input.runtime.volumeName, Target: input.runtime.target, ReadOnly: true, VolumeOptions: { NoCopy: true } }],
