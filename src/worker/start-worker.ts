@@ -243,15 +243,15 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   });
   // The Worker of this engine's prepare queue, once the engine's id is known (below).
   let prepare: Worker | undefined;
+  const budget = new ResourceBudget({ memoryMb: opts.resources?.memoryMb ?? Math.floor(os.totalmem() / 2 ** 20), cpus: opts.resources?.cpus });
   // Its facts tell the dashboard what runs here, in which phase, within a moment of a change.
   const hostFacts = startHostFacts({
     redis: connection, prefix, docker, workerId, concurrency: opts.concurrency, dataDir: opts.dataDir,
     ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: runtime.generation, log,
-    running: () => running.list(), poolReady: () => pool.readyCount, admission: () => admission.snapshot(),
+    running: () => running.list(), poolReady: () => pool.readyCount, admission: () => admission.snapshot(), budget: () => budget.snapshot(),
     prepareQueue: () => prepare?.name,
   });
   running.onChange(hostFacts.touch);
-  const budget = new ResourceBudget({ memoryMb: opts.resources?.memoryMb ?? Math.floor(os.totalmem() / 2 ** 20), cpus: opts.resources?.cpus });
   const episodeDeps: EpisodeProcessorDeps = {
     budget,
     docker,

@@ -5,8 +5,9 @@
 import path from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { LABEL } from '../../src/sandbox/labels.ts';
+import { readHostFacts } from '../../src/worker/host-facts.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
-import { ROOT, enqueueFile, fleetContainers, startEnvWorker, startFleetEnv, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
+import { ROOT, enqueueFile, fleetContainers, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
 const API_SIDECAR = path.join(ROOT, 'test/fixtures/harbor-services/api-sidecar');
@@ -61,6 +62,10 @@ describe('admission by what an environment costs', () => {
     const file = await writeBatch(`tasks: [${JSON.stringify(API_SIDECAR)}]\nsamples: 3\nagent: ${agent}\n`, {});
     const plan = await enqueueFile(env, file);
     const holders = peak(plan.batchId, (c) => c.Labels[LABEL.environmentRole] === 'holder');
+    // The worker's facts (the dashboard's /hosts) show one environment's cost taken and the others waiting.
+    const facts = await waitFor('the facts to show an environment running and episodes waiting', async () =>
+      (await readHostFacts(env.client, env.prefix)).find((f) => f.workerId === 'cost-services' && (f.budget?.waiting ?? 0) > 0)?.budget, 120_000, 100);
+    expect(facts).toMatchObject({ memoryMb: 1500, usedMemoryMb: 1056, containers: 3 });
     const results = await waitForResults(env, plan.batchId, 3, 300_000);
     expect(await holders.stop()).toBe(1);
     for (const r of results) expect(r, JSON.stringify(r.error)).toMatchObject({ status: 'passed', reward: 1 });
