@@ -89,10 +89,10 @@ function sidecarOptions(svc: HarborSidecar, image: string, name: string, holderI
 
 /**
  * Create the episode's namespace holder, volumes and sidecars, start the sidecars in depends_on order,
- * and wait for what main depends on. `onCreated` gets the holder's id as soon as it exists (any part
- * ends the whole environment). Throws a FleetError with a code; what was made is left for the removal.
+ * and wait for what main depends on. `onCreated` gets the holder's id and the environment's key as soon
+ * as the holder exists (any part, or the key, ends the whole environment). Throws a FleetError with a code; what was made is left for the removal.
  */
-export async function startTaskServices(deps: ServicesDeps, input: ServicesInput, onCreated: (containerId: string) => void, signal: AbortSignal): Promise<ServiceNetwork> {
+export async function startTaskServices(deps: ServicesDeps, input: ServicesInput, onCreated: (containerId: string, environment: string) => void, signal: AbortSignal): Promise<ServiceNetwork> {
   const { docker, callTimeoutMs } = deps;
   const call = { timeoutMs: callTimeoutMs, signal };
   const { owner, services } = input;
@@ -125,7 +125,7 @@ export async function startTaskServices(deps: ServicesDeps, input: ServicesInput
     },
     abortSignal,
   } as unknown as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }));
-  onCreated(holder.id);
+  onCreated(holder.id, key);
   await dockerCall('start the namespace holder', call, (abortSignal) => holder.start({ abortSignal }));
 
   for (const v of services.volumes) {

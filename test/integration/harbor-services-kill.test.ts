@@ -6,15 +6,18 @@
 // has exactly one result, passed (the command agent fetches the token from the api), none lost, none
 // recorded twice; and once the reaper has had its turns no container or volume of the run is left (the
 // fleet makes no networks: the episode's namespace is its holder container's, counted with the rest).
+// And the removal such a kill cuts short between parts: its retried job still ends every part, by key.
 import { mkdtemp, writeFile } from 'node:fs/promises';
 import { once } from 'node:events';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { REMOVE_SANDBOX_JOB, cleanupJobOptions } from '../../src/cleanup/cleanup-job.ts';
 import { workerFactsKey } from '../../src/redis/redis-keys.ts';
-import { LABEL } from '../../src/sandbox/labels.ts';
+import { engineId } from '../../src/sandbox/docker-client.ts';
+import { LABEL, sandboxLabels } from '../../src/sandbox/labels.ts';
 import {
-  ROOT, docker, enqueueFile, fleetContainers, sandboxHasFile, spawnWorker, startFleetEnv, waitFor, waitForResults,
+  ROOT, docker, enqueueFile, fleetContainers, sandboxHasFile, spawnWorker, startEnvWorker, startFleetEnv, waitFor, waitForResults,
   type FleetEnv, type WorkerProcess,
 } from '../helpers/fleet.ts';
 
@@ -130,5 +133,38 @@ describe('kill -9 during episodes with three task services', () => {
     expect(await left()).toEqual(nothing);
     console.info(`[services kill] ${kills.length} kills ${JSON.stringify(Object.fromEntries(POINTS.map((p) => [p, count(p)])))}, attempts ${JSON.stringify(results.map((r) => r.attempts))}`);
   }, 600_000);
-});
 
+  it('a removal retried after its worker died mid-way (main gone, holder and volume left) still removes the whole environment', async () => {
+    // What a worker killed inside removeEnvironment leaves: the agent's container removed, the holder and
+    // the named volume not yet. The parts belong to a live worker's running episode, so the reaper leaves
+    // them alone: only the retried remove-sandbox job, which names the main container, can end them.
+    const worker = await startEnvWorker(env, 'cleanup-w');
+    try {
+      const owner = { fleet: env.prefix, episodeId: 'ep-half-removed', batchId: 'b-half-removed', workerId: 'cleanup-w', attempt: 1 };
+      const key = `rf-ep-half-removed-a1-${Date.now().toString(16)}`;
+      const labels = (role: string) => ({ ...sandboxLabels(owner), [LABEL.environment]: key, [LABEL.environmentRole]: role });
+      const holder = await docker.createContainer({ name: `${key}-ns`, Image: 'python:3.12-slim', Cmd: ['sleep', 'infinity'], Labels: labels('holder'), HostConfig: { NetworkMode: 'none' } });
+      await holder.start();
+      await docker.createVolume({ Name: `${key}-v-data`, Labels: labels('service') });
+      const main = await docker.createContainer({ Image: 'python:3.12-slim', Cmd: ['sleep', 'infinity'], Labels: labels('main'), HostConfig: { NetworkMode: `container:${holder.id}` } });
+      await main.remove({ force: true });
+      const job = await env.cleanup.add(REMOVE_SANDBOX_JOB, {
+        episodeId: owner.episodeId, containerId: main.id, environment: key, engineId: await engineId(docker, { timeoutMs: 10_000 }),
+      }, { ...cleanupJobOptions, attempts: 1 });
+      const state = await waitFor('the remove-sandbox job to end', async () => {
+        const s = await job.getState();
+        return s === 'completed' || s === 'failed' ? s : undefined;
+      }, 60_000, 100);
+      expect(state, (await env.cleanup.getJob(job.id!))?.failedReason).toBe('completed');
+      expect((await fleetContainers('episode', owner.episodeId)).map((c) => c.Names[0])).toEqual([]);
+      const { Volumes } = await docker.listVolumes({ filters: { label: [`${LABEL.environment}=${key}`] } });
+      expect((Volumes ?? []).map((v) => v.Name)).toEqual([]);
+    } finally {
+      await worker.close();
+      // Whatever a failed run left (env.close removes the containers, not these volumes).
+      const { Volumes } = await docker.listVolumes({ filters: { label: [`${LABEL.episode}=ep-half-removed`] } });
+      for (const c of await fleetContainers('episode', 'ep-half-removed')) await docker.getContainer(c.Id).remove({ force: true }).catch(() => undefined);
+      for (const v of Volumes ?? []) await docker.getVolume(v.Name).remove().catch(() => undefined);
+    }
+  });
+});
