@@ -74,7 +74,7 @@ export function cleanupProcessor(deps: CleanupProcessorDeps) {
       }
       throw new Error(why);
     }
-    await removeEnvironment(deps.docker, parsed.data.containerId, parsed.data.timeoutMs);
+    await removeEnvironment(deps.docker, parsed.data.containerId, parsed.data.timeoutMs, parsed.data.environment);
     // A pooled sandbox's claim record is of no use once it is gone.
     await deps.redis.del(sandboxClaimKey(deps.prefix, parsed.data.containerId));
     return { removed: parsed.data.containerId };

@@ -17,6 +17,7 @@ import type { ResultsStore } from '../../src/results/results-store.ts';
 import {
   DEFAULT_MAX_STALE_RESTARTS, countStaleRestart, episodeVersions, forgetEpisodePolicy, staleRestarts,
 } from '../../src/model/policy-versions.ts';
+import { environmentCost, type ResourceBudget } from '../../src/episode/resource-budget.ts';
 import { EpisodeJob, type EpisodeResult } from './contract.ts';
 import { DEFAULT_ENDPOINT } from '../../src/config/model-endpoints.ts';
 
@@ -24,6 +25,8 @@ export interface EpisodeProcessorDeps extends EpisodeDeps {
   results: ResultsStore;
   running: RunningEpisodes;
   retryBudgets: RetryBudgets;
+  /** What the environments running at once may cost (src/episode/resource-budget.ts). @default unlimited */
+  budget?: ResourceBudget;
 }
 
 /** Thrown to BullMQ for a failure another attempt may fix; carries the fleet error. */
@@ -125,6 +128,12 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
     }
     const { episodeId, batchId } = parsed.data;
     const episodeSignal = deps.running.start(episodeId, signal, { batchId, taskId: parsed.data.task.id });
+    // Its environment's cost (every container of it at its limits) must fit the worker's budget beside
+    // the running ones' before its set-up starts: the wait is not set-up time.
+    const release = await roomFor(deps, parsed.data, episodeSignal).catch((err: unknown) => {
+      deps.running.finish(episodeId, episodeSignal);
+      throw err;
+    });
     // The set-up reserve starts at pick-up: the Redis steps here count against it like the set-up's own.
     // A Harbor environment the engine lacks is built in set-up: its build_timeout_sec is set-up time
     // on top of the reserve (never the agent's: the agent's ceiling does not depend on set-up's length).
@@ -185,7 +194,28 @@ export function episodeProcessor(deps: EpisodeProcessorDeps) {
       return await recordFinal(deps, outcome.result, parsed.data);
     } finally {
       setUp.dispose();
+      release?.();
       deps.running.finish(episodeId, episodeSignal);
     }
   };
+}
+
+/**
+ * Wait until the episode's environment fits the worker's budget; its release, or undefined without a
+ * budget. A stop (cancel, drain) while waiting ends the wait without room: the attempt then ends as
+ * the stop says, before it creates anything.
+ */
+async function roomFor(deps: EpisodeProcessorDeps, job: EpisodeJob, signal: AbortSignal): Promise<(() => void) | undefined> {
+  if (deps.budget === undefined) return undefined;
+  const cost = environmentCost(job.task);
+  const started = performance.now();
+  try {
+    const release = await deps.budget.acquire(cost, signal);
+    const waitedMs = Math.round(performance.now() - started);
+    if (waitedMs >= 50) deps.log.info({ episodeId: job.episodeId, cost, waitedMs }, 'episode waited for room in the worker\'s budget');
+    return release;
+  } catch (err) {
+    if (signal.aborted) return undefined;
+    throw err;
+  }
 }

@@ -7,12 +7,12 @@ import { engineId, type Docker } from '../sandbox/docker-client.ts';
 import { CleanupJob, REMOVE_SANDBOX_JOB, cleanupJobId, cleanupJobOptions } from './cleanup-job.ts';
 
 /** Hand one episode's sandbox to the cleanup queue (what EpisodeDeps.scheduleCleanup is). */
-export type CleanupHandOver = (episodeId: string, containerId: string) => Promise<void>;
+export type CleanupHandOver = (episodeId: string, containerId: string, environment?: string) => Promise<void>;
 
 /** The hand-over onto `queue` (the cleanup queue) of sandboxes of `docker`'s engine. */
 export function cleanupHandOver(queue: Queue, docker: Docker, callTimeoutMs: number): CleanupHandOver {
-  return async (episodeId, containerId) => {
-    const data: CleanupJob = CleanupJob.parse({ episodeId, containerId, engineId: await engineId(docker, { timeoutMs: callTimeoutMs }) });
+  return async (episodeId, containerId, environment) => {
+    const data: CleanupJob = CleanupJob.parse({ episodeId, containerId, ...(environment !== undefined && { environment }), engineId: await engineId(docker, { timeoutMs: callTimeoutMs }) });
     await queue.add(REMOVE_SANDBOX_JOB, data, { ...cleanupJobOptions, jobId: cleanupJobId(episodeId, containerId) });
   };
 }

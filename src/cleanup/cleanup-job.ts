@@ -13,6 +13,12 @@ export const REAPER_SCHEDULER_ID = 'reaper';
 export const CleanupJob = z.strictObject({
   episodeId: z.string().min(1),
   containerId: z.string().regex(/^[0-9a-f]{12,64}$/, 'a container id'),
+  /**
+   * The environment key of a sandbox with task services (src/sandbox/task-services.ts): every part
+   * labelled with it is removed even when the container named is gone already (a removal cut short,
+   * its worker killed between parts, is retried). Absent: the container's own label says.
+   */
+  environment: z.string().regex(/^[A-Za-z0-9_.-]{1,200}$/, 'an environment key').optional(),
   /** Budget of one removal attempt. */
   timeoutMs: z.number().int().positive().default(30_000),
   /**

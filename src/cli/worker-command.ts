@@ -79,6 +79,7 @@ export async function workerCommand(cli: Cli, args: string[]): Promise<number> {
       maxSlowdown: config.FLEET_WORKER_AUTOTUNE_MAX_SLOWDOWN,
       maxLoadPerCore: config.FLEET_WORKER_AUTOTUNE_MAX_LOAD_PER_CORE,
     },
+    resources: { memoryMb: config.FLEET_WORKER_MEMORY_MB, cpus: config.FLEET_WORKER_CPUS },
     callTimeoutMs: config.FLEET_DOCKER_CALL_TIMEOUT_MS,
     outputCapBytes: config.FLEET_OUTPUT_CAP_BYTES,
     leaseTtlMs: config.FLEET_LEASE_TTL_MS,

@@ -102,6 +102,14 @@ export const FleetConfig = z.object({
       }
     })
     .optional(),
+  /**
+   * Memory (MiB) the environments of one worker's running episodes may take together, each container
+   * of an environment at its memory limit (a task with services: main, every sidecar and the
+   * namespace holder); an episode waits until its environment fits. @default the host's memory
+   */
+  FLEET_WORKER_MEMORY_MB: positiveInt.optional(),
+  /** CPUs (their limits summed the same way) one worker's running environments may take. Unset: not counted. */
+  FLEET_WORKER_CPUS: z.coerce.number().positive().optional(),
   /** Cap of each captured output stream (agent, verifier) kept as evidence. @default 1048576 */
   FLEET_OUTPUT_CAP_BYTES: positiveInt.default(1024 * 1024),
   /** Name of this worker in labels and logs. @default <hostname>-<pid> */

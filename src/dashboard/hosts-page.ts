@@ -8,6 +8,14 @@ import { html } from './html.ts';
 
 const gib = (bytes: number) => (bytes < 0 ? 'unknown' : `${(bytes / 2 ** 30).toFixed(1)} GiB`);
 
+/** What the running environments take of the worker's budget: memory (and CPUs when counted), containers, waiting episodes. */
+function budgetCell(w: WorkerFacts): string {
+  const b = w.budget;
+  if (b === undefined) return '';
+  const cpus = b.cpus === undefined ? '' : `, ${b.usedCpus} of ${b.cpus} CPUs`;
+  return `${b.usedMemoryMb} of ${b.memoryMb ?? 'unlimited'} MiB${cpus}, ${b.containers} container(s)${b.waiting > 0 ? `, ${b.waiting} waiting` : ''}`;
+}
+
 export function hostsPage(opts: { redis: Redis; prefix: string; links: Links }): Router {
   const router = Router();
   router.get('/hosts.json', async (_req, res) => {
@@ -20,8 +28,8 @@ export function hostsPage(opts: { redis: Redis; prefix: string; links: Links }):
     const body = facts.length === 0
       ? html`<p>No live worker reports its facts.</p>`
       : html`${[...byHost.entries()].map(([host, workers]) => html`<h2>${host}</h2>
-<table><tr><th>worker</th><th>pid</th><th>concurrency</th><th>runtime generation</th><th>images</th><th>free disk</th><th>reported</th></tr>
-${workers.map((w) => html`<tr><td>${w.workerId}</td><td>${w.pid}</td><td>${w.admission?.autotune ? `${w.admission.allowance} of ${w.concurrency} (self-tuning)` : w.concurrency}</td><td>${w.runtimeGeneration?.slice(0, 12) ?? 'not yet'}</td><td>${w.images.filter((i) => !i.startsWith('sha256:')).join(', ')}</td><td>${gib(w.freeDiskBytes)}</td><td>${w.reportedAt}</td></tr>`)}
+<table><tr><th>worker</th><th>pid</th><th>concurrency</th><th>environments</th><th>runtime generation</th><th>images</th><th>free disk</th><th>reported</th></tr>
+${workers.map((w) => html`<tr><td>${w.workerId}</td><td>${w.pid}</td><td>${w.admission?.autotune ? `${w.admission.allowance} of ${w.concurrency} (self-tuning)` : w.concurrency}</td><td>${budgetCell(w)}</td><td>${w.runtimeGeneration?.slice(0, 12) ?? 'not yet'}</td><td>${w.images.filter((i) => !i.startsWith('sha256:')).join(', ')}</td><td>${gib(w.freeDiskBytes)}</td><td>${w.reportedAt}</td></tr>`)}
 </table>`)}`;
     res.type('html').send(layout('Hosts', opts.links, body).value);
   });

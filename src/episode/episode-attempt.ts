@@ -45,7 +45,7 @@ export interface EpisodeDeps {
   /** Caps of the workspace snapshot kept as evidence. */
   snapshotLimits: ExtractLimits;
   /** Hand a sandbox to the cleanup queue. */
-  scheduleCleanup(episodeId: string, containerId: string): Promise<void>;
+  scheduleCleanup(episodeId: string, containerId: string, environment?: string): Promise<void>;
   /** The runtime generation every sandbox mounts read-only (installed once per engine, then warm). */
   prepareRuntime(signal: AbortSignal): Promise<RuntimeGeneration>;
   /** Holds per-episode folders (the model proxy's socket), bind-mounted at the same path. */

@@ -182,7 +182,7 @@ async function startServices(
   return deadline.run('starting the task services', (signal) => startTaskServices(
     { docker: deps.docker, log: deps.log, callTimeoutMs: deps.callTimeoutMs },
     { owner, services, images, mainImage: task.image, limits: task.limits, runtime: runtimeMount },
-    (id) => lease.registerContainer(id),
+    (id, key) => lease.registerContainer(id, key),
     signal,
   ));
 }

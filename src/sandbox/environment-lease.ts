@@ -18,24 +18,26 @@ export interface LeaseDeps {
   log: Logger;
   /** Deadline of the direct removal's Docker call. */
   callTimeoutMs: number;
-  /** Hand a sandbox to the cleanup queue (EpisodeDeps.scheduleCleanup). */
-  scheduleCleanup(episodeId: string, containerId: string): Promise<void>;
+  /** Hand a sandbox (and its environment's key, with task services) to the cleanup queue (EpisodeDeps.scheduleCleanup). */
+  scheduleCleanup(episodeId: string, containerId: string, environment?: string): Promise<void>;
 }
 
 /**
  * Remove an environment by its container id; one already gone (or being removed) counts as removed.
  * The lease's direct removal, the cleanup queue's remove-sandbox job and the reaper all call this.
  */
-export async function removeEnvironment(docker: Docker, containerId: string, timeoutMs: number): Promise<void> {
+export async function removeEnvironment(docker: Docker, containerId: string, timeoutMs: number, environment?: string): Promise<void> {
   // A part of an environment with task services (its holder, a sidecar or the agent's container):
-  // every part labelled with its key goes, the volumes last.
-  const key = await environmentKeyOf(docker, containerId, timeoutMs);
+  // every part labelled with its key goes, the volumes last. The key given wins: the container named
+  // may be gone while other parts are not (a removal cut short between parts, then retried).
+  const key = environment ?? await environmentKeyOf(docker, containerId, timeoutMs);
   if (key !== undefined) return removeServiceEnvironment(docker, key, timeoutMs);
   await removeContainer(docker, containerId, timeoutMs);
 }
 
 export class EnvironmentLease {
   #containerId: string | undefined;
+  #environment: string | undefined;
   #session: SandboxSession | undefined;
   #pooled = false;
   #runFolder: string | undefined;
@@ -67,8 +69,9 @@ export class EnvironmentLease {
    * services, the namespace holder is registered first and the agent's container replaces it: either
    * ends the whole environment.
    */
-  registerContainer(containerId: string): void {
+  registerContainer(containerId: string, environment?: string): void {
     this.#containerId = containerId;
+    this.#environment ??= environment;
   }
 
   /** The sandbox's session, opened for this episode or claimed warm from the pool with its folder. */
@@ -102,12 +105,12 @@ export class EnvironmentLease {
     const { log } = this.deps;
     const id = this.#containerId;
     if (id !== undefined) {
-      const handOver = this.deps.scheduleCleanup(this.episodeId, id);
+      const handOver = this.deps.scheduleCleanup(this.episodeId, id, this.#environment);
       const handed = await untilAborted(handOver, handOverSignal).then(() => true, () => false);
       if (!handed) {
         log.warn({ containerId: id }, 'cleanup queue did not take the sandbox in time; removing it directly');
         void handOver.catch((err: unknown) => log.warn({ containerId: id, err: String(err) }, 'cleanup hand-over failed'));
-        void removeEnvironment(this.deps.docker, id, this.deps.callTimeoutMs).catch((err: unknown) =>
+        void removeEnvironment(this.deps.docker, id, this.deps.callTimeoutMs, this.#environment).catch((err: unknown) =>
           log.error({ containerId: id, err: String(err) }, 'sandbox not removed; the reaper will find it by its labels'));
       }
     }

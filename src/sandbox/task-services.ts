@@ -53,8 +53,9 @@ export interface ServicesInput {
   runtime: VolumeMount;
 }
 
-/** The holder's own limits: it only keeps the namespace. */
-const HOLDER_MEMORY = 32 * 1024 * 1024;
+/** The holder's own limits: it only keeps the namespace (admission counts them in an environment's cost). */
+export const HOLDER_LIMITS = { memoryMb: 32, cpus: 0.1 } as const;
+const HOLDER_MEMORY = HOLDER_LIMITS.memoryMb * 1024 * 1024;
 
 function safeName(s: string): string {
   return s.replace(/[^A-Za-z0-9_.-]/g, '_');
@@ -93,10 +94,10 @@ function sidecarOptions(svc: HarborSidecar, image: string, name: string, holderI
 
 /**
  * Create the episode's namespace holder, volumes and sidecars, start the sidecars in depends_on order,
- * and wait for what main depends on. `onCreated` gets the holder's id as soon as it exists (any part
- * ends the whole environment). Throws a FleetError with a code; what was made is left for the removal.
+ * and wait for what main depends on. `onCreated` gets the holder's id and the environment's key as soon
+ * as the holder exists (any part, or the key, ends the whole environment). Throws a FleetError with a code; what was made is left for the removal.
  */
-export async function startTaskServices(deps: ServicesDeps, input: ServicesInput, onCreated: (containerId: string) => void, signal: AbortSignal): Promise<ServiceNetwork> {
+export async function startTaskServices(deps: ServicesDeps, input: ServicesInput, onCreated: (containerId: string, environment: string) => void, signal: AbortSignal): Promise<ServiceNetwork> {
   const { docker, callTimeoutMs } = deps;
   const call = { timeoutMs: callTimeoutMs, signal };
   const { owner, services } = input;
@@ -122,14 +123,14 @@ export async function startTaskServices(deps: ServicesDeps, input: ServicesInput
       SecurityOpt: ['no-new-privileges'],
       Memory: HOLDER_MEMORY,
       MemorySwap: HOLDER_MEMORY,
-      NanoCpus: 100_000_000,
+      NanoCpus: Math.round(HOLDER_LIMITS.cpus * 1e9),
       PidsLimit: 16,
       ReadonlyRootfs: true,
       Mounts: [{ Type: 'volume', Source: input.runtime.volumeName, Target: input.runtime.target, ReadOnly: true, VolumeOptions: { NoCopy: true } }],
     },
     abortSignal,
   } as unknown as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }));
-  onCreated(holder.id);
+  onCreated(holder.id, key);
   await dockerCall('start the namespace holder', call, (abortSignal) => holder.start({ abortSignal }));
 
   for (const v of services.volumes) {

@@ -13,6 +13,7 @@ import { workerFactsKey } from '../redis/redis-keys.ts';
 import { dockerCall, engineId, type Docker } from '../sandbox/docker-client.ts';
 import { EPISODE_PHASES, type RunningEpisode } from '../episode/running-episodes.ts';
 import type { AdmissionSnapshot } from './admission.ts';
+import type { BudgetSnapshot } from '../episode/resource-budget.ts';
 
 export const RunningEpisodeFacts = z.object({
   episodeId: z.string(),
@@ -45,6 +46,20 @@ export const AdmissionFacts = z.object({
 });
 export type AdmissionFacts = z.infer<typeof AdmissionFacts>;
 
+/** What the running episodes' environments take of the worker's budget (src/episode/resource-budget.ts). */
+export const BudgetFacts = z.object({
+  /** The budget: MiB, and CPUs when counted. */
+  memoryMb: z.number().optional(),
+  cpus: z.number().optional(),
+  usedMemoryMb: z.number(),
+  usedCpus: z.number(),
+  /** Containers of the running environments. */
+  containers: z.number().int(),
+  /** Episodes waiting for room. */
+  waiting: z.number().int(),
+});
+export type BudgetFacts = z.infer<typeof BudgetFacts>;
+
 export const WorkerFacts = z.object({
   workerId: z.string(),
   host: z.string(),
@@ -54,6 +69,8 @@ export const WorkerFacts = z.object({
   concurrency: z.number().int(),
   /** Absent from workers of versions without it. */
   admission: AdmissionFacts.optional(),
+  /** Absent from workers of versions without it. */
+  budget: BudgetFacts.optional(),
   /** The runtime generation prepared on this engine, once it is. */
   runtimeGeneration: z.string().optional(),
   /** Image references (repo:tag) and ids the engine has. */
@@ -93,6 +110,8 @@ export interface HostFactsOptions {
   prepareQueue?: () => string | undefined;
   /** The names of the model endpoints this worker has (its endpoint table). */
   modelEndpoints?: readonly string[];
+  /** What the running environments take of the worker's budget. */
+  budget?: () => BudgetSnapshot;
   log: Logger;
   /** touch() writes at most this often. @default 500 */
   touchEveryMs?: number;
@@ -123,10 +142,18 @@ export interface HostFactsReporter {
 const iso = (ms: number) => new Date(ms).toISOString();
 
 /** What changes from one moment to the next: the running episodes and the warm sandboxes. */
-function liveFacts(opts: HostFactsOptions): Pick<WorkerFacts, 'running' | 'poolReady' | 'reportedAt' | 'prepareQueue'> {
+function liveFacts(opts: HostFactsOptions): Pick<WorkerFacts, 'running' | 'poolReady' | 'reportedAt' | 'prepareQueue' | 'budget'> {
   const prepareQueue = opts.prepareQueue?.();
+  const budget = opts.budget?.();
   return {
     ...(prepareQueue !== undefined && { prepareQueue }),
+    ...(budget !== undefined && {
+      budget: {
+        ...(budget.limits.memoryMb !== undefined && { memoryMb: budget.limits.memoryMb }),
+        ...(budget.limits.cpus !== undefined && { cpus: budget.limits.cpus }),
+        usedMemoryMb: budget.used.memoryMb, usedCpus: budget.used.cpus, containers: budget.used.containers, waiting: budget.waiting,
+      },
+    }),
     ...(opts.running && {
       running: opts.running().map((e) => ({
         episodeId: e.episodeId, batchId: e.batchId, taskId: e.taskId, phase: e.phase, startedAt: iso(e.startedAt), phaseStartedAt: iso(e.phaseStartedAt),

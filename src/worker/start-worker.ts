@@ -18,6 +18,7 @@ import { cleanupProcessor } from '../../queues/cleanup/processor.ts';
 import { EPISODES_QUEUE, episodeBackoffMs } from '../episode/episode-job.ts';
 import { CHECKPOINTS_QUEUE } from '../checkpoints/checkpoint-job.ts';
 import { episodeFailedListener, episodeProcessor, type EpisodeProcessorDeps } from '../../queues/episodes/processor.ts';
+import os from 'node:os';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { sandboxPrograms } from '../agent/sandbox-programs.ts';
@@ -41,6 +42,7 @@ import { untilAborted } from '../deadlines/deadline.ts';
 import { RedisOutageLog } from '../redis/outage-log.ts';
 import { startAdmission, type AdmissionOptions, type AdmissionRunner } from './admission.ts';
 import { startHostFacts } from './host-facts.ts';
+import { ResourceBudget, type BudgetLimits } from '../episode/resource-budget.ts';
 import { startLease } from '../cleanup/worker-lease.ts';
 import { SandboxPool } from '../sandbox/sandbox-pool.ts';
 import { resolveSandboxRuntime } from '../sandbox/sandbox-runtime.ts';
@@ -81,6 +83,13 @@ export interface WorkerOptions {
    * reported). maxLatencyMs defaults to a tenth of callTimeoutMs.
    */
   admission?: { autotune: boolean } & Omit<AdmissionOptions, 'ceiling'>;
+  /**
+   * What the environments of the episodes running at once may cost (src/episode/resource-budget.ts):
+   * every container of an environment (a task with services has several) counted at its limits. An
+   * episode waits, in pick-up order, until its environment fits. @default memory: the host's
+   * (os.totalmem()); CPUs: unlimited
+   */
+  resources?: BudgetLimits;
   callTimeoutMs: number;
   outputCapBytes: number;
   /** @default 15000 */
@@ -146,6 +155,8 @@ export interface WorkerHandle {
   running: RunningEpisodes;
   /** The admission controller: the allowance, the engine's latency as measured. */
   admission: AdmissionRunner;
+  /** What the running episodes' environments cost, against the worker's budget. */
+  budget: ResourceBudget;
   /** The episodes Worker's concurrency now (BullMQ's own setting, which the allowance drives). */
   concurrency(): number;
   /** The schedule holding this engine's built environment images to their disk budget. */
@@ -241,6 +252,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   });
   // The Worker of this engine's prepare queue, once the engine's id is known (below).
   let prepare: Worker | undefined;
+  const budget = new ResourceBudget({ memoryMb: opts.resources?.memoryMb ?? Math.floor(os.totalmem() / 2 ** 20), cpus: opts.resources?.cpus });
   // Its facts tell the dashboard what runs here, in which phase, within a moment of a change.
   // One limiter per worker and endpoint: its state is in Redis (keyed by the endpoint's name), shared with every other worker.
   const models: WorkerModels | undefined = (() => {
@@ -259,11 +271,12 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     modelEndpoints: [...(models?.endpoints.keys() ?? [])],
     redis: connection, prefix, docker, workerId, concurrency: opts.concurrency, dataDir: opts.dataDir,
     ttlMs: leaseTtlMs, callTimeoutMs: opts.callTimeoutMs, runtimeGeneration: runtime.generation, log,
-    running: () => running.list(), poolReady: () => pool.readyCount, admission: () => admission.snapshot(),
+    running: () => running.list(), poolReady: () => pool.readyCount, admission: () => admission.snapshot(), budget: () => budget.snapshot(),
     prepareQueue: () => prepare?.name,
   });
   running.onChange(hostFacts.touch);
   const episodeDeps: EpisodeProcessorDeps = {
+    budget,
     docker,
     redis: connection,
     prefix,
@@ -342,12 +355,13 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
   })();
   for (const w of [episodes, cleanup, batches]) w.on('error', outages.listener(`${w.name}-worker`, 'worker error', 'error'));
   episodes.on('failed', episodeFailedListener(episodeDeps));
-  log.info({ workerId, concurrency: opts.concurrency, autotune: admission.autotune, allowance: admission.allowance }, 'worker started');
+  log.info({ workerId, concurrency: opts.concurrency, autotune: admission.autotune, allowance: admission.allowance, budget: budget.limits }, 'worker started');
 
   return {
     workerId,
     running,
     admission,
+    budget,
     concurrency: () => episodes.concurrency,
     envPrune,
     async close() {

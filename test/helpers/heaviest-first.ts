@@ -9,6 +9,8 @@ import path from 'node:path';
 const MEASURED_SEC: Record<string, number> = {
   'test/integration/python-client.test.ts': 118, // measured alone (2026-12-03), under other sessions' load
   'test/integration/api-trainer-edges.test.ts': 35, // measured alone (2026-12-03)
+  // Measured alone, load 7 to 20 on 2 cores (2026-12-03): 20 kill -9s of workers running three-service episodes.
+  'test/integration/harbor-services-kill.test.ts': 139,
   'test/integration/api-hostile.test.ts': 76,
   'test/integration/two-hosts.test.ts': 74,
   'test/integration/phase-reserves.test.ts': 74,
@@ -34,6 +36,8 @@ const MEASURED_SEC: Record<string, number> = {
   'test/integration/engine-outage.test.ts': 37,
   'test/integration/episode.test.ts': 36,
   'test/integration/admission.test.ts': 35,
+  // Measured alone (2 tests, 25 to 37 s, load 15 to 19 on 2 cores): six episodes under a memory budget.
+  'test/integration/admission-cost.test.ts': 37,
   'test/integration/pipeline.test.ts': 32,
   'test/integration/evidence-attacks.test.ts': 30,
   'test/integration/fleet-client.test.ts': 29,

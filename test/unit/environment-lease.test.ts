@@ -61,6 +61,18 @@ describe('EnvironmentLease', () => {
     expect(lines.map((l) => l.msg)).toEqual([]);
   });
 
+  it('hands an environment with services over with its key: the holder registered first, then main', async () => {
+    const handed: Array<[string, string, string | undefined]> = [];
+    const { lease: l } = lease(async (episodeId, containerId, environment) => {
+      handed.push([episodeId, containerId, environment]);
+    });
+    l.registerContainer('a'.repeat(64), 'rf-ep-1-a1-abc123');
+    l.registerContainer(CONTAINER);
+    await l.end(new AbortController().signal);
+    // The queue's job names main and the key: a retry after main is gone still ends every part.
+    expect(handed).toEqual([['ep-1', CONTAINER, 'rf-ep-1-a1-abc123']]);
+  });
+
   it('removes directly a sandbox the queue does not take in time, and lets the hand-over go on', async () => {
     let handedLate: (() => void) | undefined;
     const { lines, lease: l } = lease(() => new Promise<void>((resolve) => {
