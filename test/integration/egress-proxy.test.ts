@@ -58,7 +58,7 @@ const allowlist = (...entries: string[]): EgressPolicy => ({ mode: 'allowlist', 
 /** A plain-HTTP request in absolute form through the proxy's socket. */
 function viaProxy(proxy: EgressProxy, url: string, opts: { method?: string; body?: string } = {}): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {
-    const req = http.request({ socketPath: proxy.socketPath, method: opts.method ?? 'GET', path: url, headers: { host: new URL(url).host, 'proxy-connection': 'keep-alive' } }, (res) => {
+    const req = http.request({ socketPath: proxy.socketPath, method: opts.method ?? 'GET', path: url, headers: { host: /^https?:\/\//.test(url) ? new URL(url).host : 'localhost', 'proxy-connection': 'keep-alive' } }, (res) => {
       let body = '';
       res.on('data', (c: Buffer) => (body += c.toString()));
       res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));

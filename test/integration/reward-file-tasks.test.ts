@@ -142,7 +142,7 @@ describe('reward-file grading of our own tasks', () => {
     const report = path.join(await mkdtemp(path.join(os.tmpdir(), 'rf-trainer-report-')), 'report.json');
     try {
       const { stdout } = await promisify(execFile)('python3', [
-        path.join(ROOT, 'examples/trainer/trainer.py'), '--api', `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+        path.join(ROOT, 'examples/trainer/grpo_advantages.py'), '--api', `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
         '--tasks', FIXTURES, '--samples', '2', '--name', 'py-rewards', '--pass-threshold', '0.5', '--report', report,
         '--agent-command', "echo ok > a.txt; printf '42\\n\\n' > answer.txt",
       ], { env: { ...process.env, FLEET_API_TOKEN: token }, timeout: 240_000 });

@@ -97,6 +97,9 @@ class EpisodeResult:
     resumed_from: Optional[int] = None
     usage: Optional[Usage] = None
     oom_killed: Optional[bool] = None
+    model: Optional[Dict[str, Any]] = None
+    policy_versions: Optional[Dict[str, Any]] = None
+    stale_restarts: Optional[int] = None
     raw: Dict[str, Any] = _raw()
 
 
@@ -163,6 +166,8 @@ class BatchSummary:
     pass_at: Dict[str, float]
     phases: Dict[str, PhaseTimes]
     tokens: Tokens
+    model: Dict[str, Any]
+    stale_restarts: Dict[str, Any]
     raw: Dict[str, Any] = _raw()
 
 
@@ -210,6 +215,7 @@ class GroupEvent:
     episode_ids: List[str]
     rewards: List[Optional[float]]
     metrics: List[Optional[Dict[str, float]]]
+    policy_versions: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = _raw()
 
 
