@@ -1,6 +1,7 @@
 // The programs the runtime generation carries into every sandbox, each bundled (with what it imports)
-// into one ESM file run by the runtime's node: the reference agent, and the model forwarder that gives
-// any agent a loopback address for the model. A bundle is deterministic and named by its hash,
+// into one ESM file run by the runtime's node: the reference agent, the model forwarder that gives
+// any agent a loopback address for the model, and the end of the agent's turn (sweep's successor:
+// the workspace out, the tests in, the verifier; src/sandbox/end-of-turn/). A bundle is deterministic and named by its hash,
 // published once and never rewritten, so an unchanged program keeps its file identity and the runtime
 // generation is not rebuilt.
 import { createHash } from 'node:crypto';
@@ -10,6 +11,7 @@ import { build } from 'esbuild';
 import { exists, publishOnce } from '../files/atomic-write.ts';
 import { PACKAGE_ROOT, siblingModule } from '../package-paths.ts';
 import type { ExtraFile } from '../runtime/runtime-inputs.ts';
+import { END_OF_TURN_PATH } from '../sandbox/end-of-turn/end-of-turn.ts';
 
 /** Where the bundled reference agent sits inside the runtime generation. */
 export const REFERENCE_AGENT_PATH = 'agent/reference-agent.mjs';
@@ -20,6 +22,7 @@ export const MODEL_FORWARDER_PATH = 'agent/model-forwarder.mjs';
 const PROGRAMS = [
   { entry: siblingModule(import.meta.url, 'reference/agent-main'), name: 'reference-agent', path: REFERENCE_AGENT_PATH },
   { entry: siblingModule(import.meta.url, 'gateway/forwarder-main'), name: 'model-forwarder', path: MODEL_FORWARDER_PATH },
+  { entry: siblingModule(import.meta.url, '../sandbox/end-of-turn/end-of-turn-main'), name: 'end-of-turn', path: END_OF_TURN_PATH },
 ] as const;
 
 /** Bundle `entry` into `dir` as <name>-<hash>.mjs (once) and return its path. */
@@ -34,6 +37,8 @@ async function bundle(entry: string, name: string, dir: string): Promise<string>
     target: 'node20',
     write: false,
     legalComments: 'none',
+    // CommonJS dependencies (tar-stream's streamx) require node's builtins: an ESM bundle has no require of its own.
+    banner: { js: "import { createRequire as __rfCreateRequire } from 'node:module'; const require = __rfCreateRequire(import.meta.url);" },
     logLevel: 'silent',
   });
   const bytes = result.outputFiles[0]?.contents;

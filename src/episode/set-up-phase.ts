@@ -23,6 +23,7 @@ import { startTaskServices, type ServiceNetwork } from '../sandbox/task-services
 import type { SandboxOwner } from '../sandbox/labels.ts';
 import type { VolumeMount } from '../sandbox/container-spec.ts';
 import { harborLogsTar, runHealthcheck } from './harbor-checks.ts';
+import { testsFolderTar } from './verify-phase.ts';
 import { hasEgress } from '../egress/network-grant.ts';
 import { phaseGrants } from './phase-egress.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult, WorkerEndpoint } from './episode-attempt.ts';
@@ -72,7 +73,8 @@ export async function setUp(
   const harborSpec = task.harbor && { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) };
   const poolSpec: PoolSpec = {
     image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount],
-    ...(harborSpec && { harbor: harborSpec, filesBeforeStart: await harborLogsTar() }),
+    // A Harbor task's /logs; our own tasks' /tests, where the end of the agent's turn unpacks the tests.
+    ...(harborSpec ? { harbor: harborSpec, filesBeforeStart: await harborLogsTar() } : { filesBeforeStart: await testsFolderTar() }),
   };
   // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
   const pool = deps.pool;

@@ -13,12 +13,13 @@ import type { AgentRun } from '../agent/agent.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { keepWorkspaceEarly } from '../evidence/workspace-copy.ts';
-import type { SandboxSession } from '../sandbox/sandbox-session.ts';
+import { tarBuffer } from '../archive/tar-buffer.ts';
+import { SANDBOX_USER, type SandboxSession } from '../sandbox/sandbox-session.ts';
 import { passes } from '../tasks/batch-spec.ts';
 import { HARBOR_VERIFIER_RESET } from './harbor-checks.ts';
 import { verifyHarbor } from './harbor-verify.ts';
-import { readSandboxReward } from './reward-file.ts';
-import { runVerifier } from './run-verifier.ts';
+import { readReward } from './reward-file.ts';
+import { superviseVerifier } from './run-verifier.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } from './episode-attempt.ts';
 
 /** What verification uses of the worker's clients and stores. */
@@ -26,15 +27,26 @@ export type VerifyDeps = Pick<EpisodeDeps, 'evidence' | 'snapshotLimits' | 'log'
 
 /** Where the hidden tests are copied for verification, after the agent stopped. */
 export const TESTS_DIR = '/tests';
+
+/**
+ * Written into each of our own tasks' sandboxes before it starts: /tests, the sandbox user's and empty,
+ * so that the end-of-turn exec (run as that user) can unpack the tests there. The agent may put
+ * things in it while it runs; the end of its turn empties it once none of its processes is left.
+ */
+export const testsFolderTar: () => Promise<Buffer> = (() => {
+  let made: Promise<Buffer> | undefined;
+  return () => (made ??= tarBuffer((pack) => {
+    pack.entry({ name: `${TESTS_DIR.slice(1)}/`, type: 'directory', mode: 0o755, uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid, mtime: new Date(0) });
+  }));
+})();
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
 /**
- * /logs/verifier made afresh for a reward-file task, in two steps (after every process of the agent is
- * gone). First as the sandbox user: what the agent left there (a task may work in /logs) is its own, so
- * it can open it up and remove it, even a folder it made unreadable, which root without capabilities
- * (no DAC_OVERRIDE) could not; where /logs is the user's, it makes the folder again itself (root could
- * not write there). Then as root: unless an empty real folder is there now, it is removed and made.
+ * /logs/verifier made afresh for a reward-file task, after every process of the agent is gone. The
+ * end-of-turn program does it as the sandbox user: what the agent left there is its own, so it can
+ * open it up and remove it, even a folder it made unreadable, which root without capabilities (no
+ * DAC_OVERRIDE) could not. Only when something there is root's (an image's /logs) is this run as root:
+ * unless an empty real folder is there now, it is removed and made.
  */
-const VERIFIER_LOGS_AS_USER = '{ [ -d /logs ] && [ -O /logs ] && chmod u+rwx /logs; } 2>/dev/null; if [ -e /logs/verifier ] || [ -L /logs/verifier ]; then chmod -R u+rwx /logs/verifier 2>/dev/null; rm -rf /logs/verifier 2>/dev/null; fi; mkdir -p /logs/verifier 2>/dev/null && chmod 777 /logs/verifier 2>/dev/null; true';
 const VERIFIER_LOGS_AS_ROOT = `if [ -d /logs/verifier ] && [ ! -L /logs/verifier ] && [ -z "$(ls -A /logs/verifier)" ]; then exit 0; fi; ${HARBOR_VERIFIER_RESET}`;
 
 /** A tar of the workspace is its files plus headers: this much past the snapshot's cap is still taken whole. */
@@ -78,19 +90,28 @@ export async function verify(
   if (task.harbor) return verifyHarbor(attempt, deps, made, session, trail, agentRun, task.harbor);
   const deadline = new Deadline('verify', task.reserves.verifySec * 1000, attempt.signal);
   try {
-    // A process left behind could rewrite the tests once they arrive, and a fork bomb or zombies could
-    // leave the verifier no pid to run with. First the cheap way: one exec kills every process of the
-    // sandbox user until none is left. Its running at all shows the sandbox is up with its init. (Not
-    // skipped when the engine's process list looks clean: `top` reads the container's pids, then runs
-    // ps, and keeps what is in both, so a relay of processes living milliseconds each slips between the
-    // two; test/integration/verify-evasion.test.ts.)
-    // The same exec then copies the workspace as the agent left it: close keeps that, not the engine's
-    // copy after the verifier ran (one archive call fewer on the result's path).
-    const copy = { dir: task.workdir, capBytes: deps.snapshotLimits.maxBytes + SNAPSHOT_TAR_SLACK_BYTES };
-    const sweep = killedBySignal(agentRun) ? { swept: false } : await deadline.run('stopping what the agent left running', (signal) => session.sweepProcesses(signal, copy));
-    if (sweep.tar !== undefined) trail.workspaceCopy = keepWorkspaceEarly(deps, { episodeId: attempt.job.episodeId, attempt: attempt.attempt }, sweep.tar);
-    const { swept } = sweep;
-    if (!swept) {
+    // The verifier runs without a model.
+    await deadline.run('closing the model proxy', async () => made.proxy?.close());
+    const tests = await made.archive.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
+    const rewardFile = task.verify.reward === 'file';
+    // One exec ends the agent's turn (end-of-turn.ts): it kills every process of the sandbox user until
+    // none is left (a process left behind could rewrite the tests once they arrive; a fork bomb or
+    // zombies could leave the verifier no pid), copies the workspace as the agent left it (close keeps
+    // that, not the engine's copy after the verifier ran), empties /tests of what the agent left there,
+    // unpacks the tests from its stdin, and runs the verifier. Nothing of the image's PATH runs in it
+    // but /bin/sh's builtins: the rest is the runtime generation's node. (The sweep is not skipped when
+    // the engine's process list looks clean: `top` reads the container's pids, then runs ps, and keeps
+    // what is in both, so a relay of processes living milliseconds each slips between the two;
+    // test/integration/verify-evasion.test.ts.)
+    let verifierStarted: number | undefined;
+    const endTurn = () => superviseVerifier(deadline, trail, task.verify.timeoutSec, () => verifierStarted, (signal) => session.endTurn({
+      runtimeMountPath: made.runtime.mountPath, workdir: task.workdir, testsDir: TESTS_DIR, tests,
+      copyCapBytes: deps.snapshotLimits.maxBytes + SNAPSHOT_TAR_SLACK_BYTES,
+      command: task.verify.command, rewardFile, verifierTimeoutMs: task.verify.timeoutSec * 1000, outputCapBytes: deps.outputCapBytes,
+      signal, onVerifierStart: () => (verifierStarted = performance.now()),
+    }), (end) => (end.outcome === 'verified' ? end.verifyRun : undefined));
+    let end = killedBySignal(agentRun) ? { outcome: 'not-swept' as const } : await endTurn();
+    if (end.outcome === 'not-swept') {
       // Only a sandbox that is still up is verified: one that stopped under the agent (the engine
       // restarted, or something outside killed it) cut the agent short, and the restart below would
       // hide that and grade a half-done workspace. The sandbox user cannot stop it (its init is root's).
@@ -104,27 +125,32 @@ export async function verify(
       }
       // The engine kills everything and starts the sandbox afresh (files kept), which needs no pid inside it.
       await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
+      end = await endTurn();
+      if (end.outcome === 'not-swept') throw new FleetError('docker_error', 'the end of the agent\'s turn could not run in the restarted sandbox');
     }
-    // The verifier runs without a model.
-    await deadline.run('closing the model proxy', async () => made.proxy?.close());
-    const tests = await made.archive.partAsTar('tests', TESTS_DIR, ROOT_OWNER);
-    await deadline.run('copying the tests in', (signal) => session.putArchive(tests, '/', signal))
-      .catch(async (err: unknown) => {
-        throw await diskFullByAgent(session, task.limits.diskMb, err, deadline.signal) ?? err;
-      });
-    const status = (reward: number) => (agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed');
-    if (task.verify.reward === 'file') {
-      // Made now, by root, after everything the agent started is gone: nothing it left there counts.
+    if (end.outcome === 'logs-need-root') {
+      // What the agent left in /logs that only root can remove (the image made /logs root's): made afresh by root, then again.
       await deadline.run('making /logs/verifier afresh', async (signal) => {
-        await session.exec(VERIFIER_LOGS_AS_USER, { timeoutMs: 30_000, capBytes: 4096, workdir: '/', signal });
         const run = await session.exec(VERIFIER_LOGS_AS_ROOT, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal });
         if (run.exitCode !== 0) throw new FleetError('docker_error', `making /logs/verifier afresh failed (exit ${run.exitCode}): ${run.stderr.text.slice(0, 300)}`);
       });
-      await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, { capBytes: deps.outputCapBytes });
-      const { reward, metrics } = await deadline.run('reading the reward file', (signal) => readSandboxReward(session, signal));
+      end = await endTurn();
+      if (end.outcome === 'not-swept' || end.outcome === 'logs-need-root') throw new FleetError('docker_error', `/logs/verifier could not be made afresh for the verifier (${end.outcome})`);
+    }
+    if (end.workspaceTar !== undefined) trail.workspaceCopy = keepWorkspaceEarly(deps, { episodeId: attempt.job.episodeId, attempt: attempt.attempt }, end.workspaceTar);
+    if (end.outcome === 'tests-failed') {
+      const err = new Error(`${end.code ?? ''} ${end.why}`);
+      throw await diskFullByAgent(session, task.limits.diskMb, err, deadline.signal)
+        ?? new FleetError('docker_error', `copying the tests into /tests failed: ${end.why}`);
+    }
+    if (end.outcome === 'failed') throw new FleetError('docker_error', `the end of the agent's turn failed before the verifier: ${end.why}`);
+    const { verifyRun } = end;
+    const status = (reward: number) => (agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed');
+    if (rewardFile) {
+      if (end.reward?.notRegular !== undefined) throw new FleetError('reward_file_invalid', `the verifier's ${end.reward.notRegular} is not a regular file`);
+      const { reward, metrics } = readReward({ json: end.reward?.json, txt: end.reward?.txt });
       return { status: status(reward), reward, metrics };
     }
-    const verifyRun = await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, { capBytes: deps.outputCapBytes });
     if (verifyRun.exitCode !== 0 && verifyRun.exitCode !== 1) {
       throw new FleetError('verifier_crashed', `verifier exited with ${verifyRun.exitCode} (0 passes, 1 fails, anything else is a broken verifier)`);
     }

@@ -43,6 +43,8 @@ export interface ExecOptions {
   signal?: AbortSignal;
   /** Sees every stdout chunk as it arrives, before capping (an agent's event stream). */
   onStdout?: (chunk: Buffer) => void;
+  /** Bytes written to the process's stdin once it starts (its stdin is closed when there are none). */
+  stdin?: Buffer;
 }
 
 export interface ExecResult {
@@ -65,6 +67,7 @@ export interface ExecResult {
 export async function execIn(target: ExecTarget, command: string, opts: ExecOptions): Promise<ExecResult> {
   const started = performance.now();
   const { exec, stream } = await startExec(target, command, opts);
+  if (opts.stdin !== undefined) stream.write(opts.stdin);
   const stdout = new OutputCapture(opts.capBytes);
   const stderr = new OutputCapture(opts.capBytes);
   const onStdout = opts.onStdout;
@@ -168,15 +171,16 @@ export async function startBackgroundIn(
 async function startExec(
   target: ExecTarget,
   command: string,
-  opts: { workdir?: string | undefined; env?: Record<string, string> | undefined; user?: string | undefined; signal?: AbortSignal | undefined },
+  opts: { workdir?: string | undefined; env?: Record<string, string> | undefined; user?: string | undefined; signal?: AbortSignal | undefined; stdin?: Buffer | undefined },
 ) {
+  const stdin = opts.stdin !== undefined;
   const call = { timeoutMs: target.callTimeoutMs, signal: opts.signal };
   const exec = await dockerCall('create exec', call, (abortSignal) =>
     target.container.exec({
       Cmd: [...(target.shell ?? ['sh', '-c']), command],
       AttachStdout: true,
       AttachStderr: true,
-      AttachStdin: false,
+      AttachStdin: stdin,
       Tty: false,
       User: opts.user ?? target.user ?? SANDBOX_USER_SPEC,
       WorkingDir: opts.workdir ?? target.workdir,
@@ -185,7 +189,7 @@ async function startExec(
     } as Docker.ExecCreateOptions & { abortSignal: AbortSignal }),
   );
   const stream = (await dockerCall('start exec', call, (abortSignal) =>
-    exec.start({ hijack: true, stdin: false, abortSignal } as Docker.ExecStartOptions),
+    exec.start({ hijack: true, stdin, abortSignal } as Docker.ExecStartOptions),
   )) as NodeJS.ReadWriteStream & Readable;
   return { exec, stream };
 }

@@ -18,6 +18,7 @@ import type { SandboxOwner } from './labels.ts';
 import { removeContainer } from './remove-container.ts';
 import { execIn, startBackgroundIn, type ExecOptions, type ExecResult, type ExecTarget } from './sandbox-exec.ts';
 import { sweepIn } from './sweep.ts';
+import { endOfTurn, type EndOfTurn, type EndOfTurnOptions } from './end-of-turn/end-of-turn.ts';
 
 // Split by concern; the names importers know from this file are still exported from it.
 export type { SessionSpec, VolumeMount } from './container-spec.ts';
@@ -189,6 +190,14 @@ export class SandboxSession {
    */
   async sweepProcesses(signal?: AbortSignal, copy?: { dir: string; capBytes: number }): Promise<{ swept: boolean; tar?: Buffer }> {
     return sweepIn(this.execTarget(), signal, copy);
+  }
+
+  /**
+   * The end of the agent's turn in one exec (end-of-turn/end-of-turn.ts): the sweep, the workspace
+   * copied out, the tests in, the verifier run and its reward files read, by the runtime's own node.
+   */
+  async endTurn(opts: EndOfTurnOptions): Promise<EndOfTurn> {
+    return endOfTurn(this.execTarget(), opts);
   }
 
   /** Whether the kernel OOM-killed a process of the sandbox, from the engine's events; undefined when they are not watched. */

@@ -16,31 +16,42 @@ import { SANDBOX_USER } from './sandbox-user.ts';
  * found in PATH, which an image may let the sandbox user write to (test/integration/sandbox.test.ts).
  */
 export function sweepScript(copy?: { dir: string; capBytes: number }): string {
-  const sweep = [
-    'i=0',
-    'while [ $i -lt 20 ]; do',
-    '  kill -KILL -1',
-    '  n=0',
-    '  for d in /proc/[0-9]*; do',
-    '    [ "${d#/proc/}" = "$$" ] && continue',
-    '    uid=; st=',
-    '    while read -r k v _; do case "$k" in State:) st=$v;; Uid:) uid=$v;; esac; done < "$d/status"',
-    `    [ "$uid" = "${SANDBOX_USER.uid}" ] && [ "$st" != "Z" ] && n=$((n+1))`,
-    '  done',
-    '  [ $n -eq 0 ] && break',
-    '  i=$((i+1))',
-    'done',
-    '[ $n -eq 0 ] || exit 3',
-  ];
-  // Quiet: a process that ends between the glob and its read is not an error.
-  const lines = ['exec 3>&2 2>/dev/null', ...sweep];
+  const lines = sweepLines();
   if (copy !== undefined) {
     const { dir, base } = { dir: posix.dirname(copy.dir), base: posix.basename(copy.dir) };
-    lines.push(`{ tar -C ${shellQuote(dir)} -cf - ${shellQuote(base)} || echo 'tar failed' >&2; } 2>&3 | head -c ${copy.capBytes + 1}`, ...sweep);
+    lines.push(`{ tar -C ${shellQuote(dir)} -cf - ${shellQuote(base)} || echo 'tar failed' >&2; } 2>&3 | head -c ${copy.capBytes + 1}`, ...SWEEP);
   }
   lines.push('exit 0');
   return lines.join('\n');
 }
+
+/**
+ * The sweep, then (once none of the sandbox user's processes is left) `exec` of `argv` in its place:
+ * no pid more, stderr back. Exit 3, and `argv` never runs, when processes kept coming.
+ */
+export function sweepThenExec(argv: readonly string[]): string {
+  return [...sweepLines(), 'exec 2>&3 3>&-', `exec ${argv.map(shellQuote).join(' ')}`].join('\n');
+}
+
+// Quiet: a process that ends between the glob and its read is not an error.
+const sweepLines = () => ['exec 3>&2 2>/dev/null', ...SWEEP];
+
+const SWEEP = [
+  'i=0',
+  'while [ $i -lt 20 ]; do',
+  '  kill -KILL -1',
+  '  n=0',
+  '  for d in /proc/[0-9]*; do',
+  '    [ "${d#/proc/}" = "$$" ] && continue',
+  '    uid=; st=',
+  '    while read -r k v _; do case "$k" in State:) st=$v;; Uid:) uid=$v;; esac; done < "$d/status"',
+  `    [ "$uid" = "${SANDBOX_USER.uid}" ] && [ "$st" != "Z" ] && n=$((n+1))`,
+  '  done',
+  '  [ $n -eq 0 ] && break',
+  '  i=$((i+1))',
+  'done',
+  '[ $n -eq 0 ] || exit 3',
+];
 /** How long a sweep (and its copy of the workspace) may take before its exec is stopped. */
 const SWEEP_TIMEOUT_MS = 5_000;
 

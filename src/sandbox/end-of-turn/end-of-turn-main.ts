@@ -1,0 +1,333 @@
+// The end of the agent's turn, inside the sandbox, as ONE exec (run by end-of-turn.ts): the image's
+// /bin/sh has already killed every process of the sandbox user with builtins only (sweep.ts) and then
+// exec'd this program with the runtime generation's own node, so nothing of the image's PATH runs here
+// and nothing of the agent's is left to run. In order, each step reported as a frame on stdout
+// (frames.ts):
+//   1. for a reward-file task, /logs/verifier made an empty real folder (or: it needs root);
+//   2. the workspace as the agent left it, as a tar (entries named as the engine's getArchive names
+//      them), capped; a file it cannot read makes the copy not whole (the worker asks the engine);
+//   3. /tests emptied of whatever the agent left in it, and the hidden tests unpacked from stdin
+//      (8-byte length, then the tar), never through a link and never outside /tests;
+//   4. the verifier (`/bin/sh -c command` in the workdir), its stdout and stderr as frames, and then
+//      this process exits with the verifier's exit code (128 + the signal that killed it);
+//   5. for a reward-file task, the reward files it left, read without following links.
+// A failure before the verifier starts is a frame `F` and exit code 70.
+import { spawn } from 'node:child_process';
+import { constants as fsConstants } from 'node:fs';
+import { chmod, lstat, mkdir, open, readdir, readlink, rm, symlink, link, utimes } from 'node:fs/promises';
+import { constants as osConstants } from 'node:os';
+import { posix } from 'node:path';
+import tar from 'tar-stream';
+import { FRAME, MAX_FRAME_BYTES, encodeFrame, jsonFrame, type FrameType } from './frames.ts';
+
+export interface EndOfTurnConfig {
+  workdir: string;
+  /** The workspace copy is not whole past this many bytes of tar. */
+  copyCapBytes: number;
+  testsDir: string;
+  command: string;
+  shell: string[];
+  /** A reward-file task: /logs/verifier made afresh before, its reward files read after. */
+  rewardFile: boolean;
+}
+
+const FAILED_EXIT = 70;
+/** After the verifier exits, its output pipes get this long to drain (a daemon it left may hold them open). */
+const DRAIN_MS = 2_000;
+const REWARD_CAP = 64 * 1024;
+const REWARD_FILES = { json: '/logs/verifier/reward.json', txt: '/logs/verifier/reward.txt' } as const;
+
+async function write(buf: Buffer): Promise<void> {
+  if (process.stdout.write(buf)) return;
+  await new Promise<void>((resolve) => process.stdout.once('drain', resolve));
+}
+
+async function writeChunks(type: FrameType, data: Buffer): Promise<void> {
+  for (let at = 0; at < data.length; at += MAX_FRAME_BYTES) await write(encodeFrame(type, data.subarray(at, at + MAX_FRAME_BYTES)));
+}
+
+const errText = (err: unknown) => (err instanceof Error ? err.message : String(err));
+const errCode = (err: unknown) => (err as NodeJS.ErrnoException | undefined)?.code;
+
+/** Owner rwx on every folder under `dir` (not following links): what the sandbox user made, it may then remove. */
+async function openUp(dir: string): Promise<void> {
+  await chmod(dir, 0o700).catch(() => undefined);
+  for (const name of await readdir(dir).catch(() => [] as string[])) {
+    const p = posix.join(dir, name);
+    const st = await lstat(p).catch(() => undefined);
+    if (st?.isDirectory()) await openUp(p);
+  }
+}
+
+/** Empty `dir` (a real folder of this user's) of everything in it. */
+async function empty(dir: string): Promise<void> {
+  const st = await lstat(dir);
+  if (!st.isDirectory()) throw new Error(`${dir} is not a folder`);
+  if (st.uid !== process.getuid!()) throw new Error(`${dir} is not the sandbox user's (uid ${st.uid})`);
+  await openUp(dir);
+  for (const name of await readdir(dir)) await rm(posix.join(dir, name), { recursive: true, force: true });
+  const left = await readdir(dir);
+  if (left.length > 0) throw new Error(`${dir} could not be emptied (${left.length} entries left)`);
+}
+
+/** /logs/verifier as an empty real folder, made by the sandbox user; false when what is there needs root. */
+async function resetVerifierLogs(): Promise<boolean> {
+  const logs = await lstat('/logs').catch(() => undefined);
+  if (logs?.isDirectory() && logs.uid === process.getuid!()) await chmod('/logs', logs.mode | 0o700).catch(() => undefined);
+  const v = await lstat('/logs/verifier').catch(() => undefined);
+  if (v !== undefined) {
+    if (v.isDirectory() && v.uid === process.getuid!()) await openUp('/logs/verifier');
+    await rm('/logs/verifier', { recursive: true, force: true }).catch(() => undefined);
+  }
+  await mkdir('/logs/verifier', { recursive: true }).then(() => chmod('/logs/verifier', 0o777)).catch(() => undefined);
+  const now = await lstat('/logs/verifier').catch(() => undefined);
+  return now !== undefined && now.isDirectory() && (await readdir('/logs/verifier').catch(() => ['?'])).length === 0;
+}
+
+/** The workspace as a tar on stdout, in frames; whether it came whole. */
+async function copyWorkspace(workdir: string, capBytes: number): Promise<{ whole: boolean; bytes: number; why?: string }> {
+  const parent = posix.dirname(workdir);
+  const base = posix.basename(workdir);
+  const pack = tar.pack();
+  let why: string | undefined;
+  const walk = async (rel: string): Promise<void> => {
+    const abs = posix.join(parent, rel);
+    const st = await lstat(abs);
+    const header = { name: rel, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, mtime: st.mtime };
+    if (st.isDirectory()) {
+      pack.entry({ ...header, name: `${rel}/`, type: 'directory' });
+      const names = (await readdir(abs)).sort();
+      for (const name of names) await walk(posix.join(rel, name));
+    } else if (st.isSymbolicLink()) {
+      pack.entry({ ...header, type: 'symlink', linkname: await readlink(abs) });
+    } else if (st.isFile()) {
+      const fh = await open(abs, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW);
+      try {
+        let entry!: ReturnType<typeof pack.entry>;
+        const done = new Promise<void>((resolve, reject) => {
+          entry = pack.entry({ ...header, type: 'file', size: st.size }, (err) => (err ? reject(err) : resolve()));
+        });
+        let left = st.size;
+        const buf = Buffer.alloc(Math.min(256 * 1024, Math.max(1, st.size)));
+        while (left > 0) {
+          const { bytesRead } = await fh.read(buf, 0, Math.min(buf.length, left), null);
+          if (bytesRead === 0) throw new Error(`${abs} shrank while it was read`);
+          left -= bytesRead;
+          if (!entry.write(Buffer.from(buf.subarray(0, bytesRead)))) await new Promise<void>((resolve) => entry.once('drain', () => resolve()));
+        }
+        entry.end(Buffer.alloc(0));
+        await done;
+      } finally {
+        await fh.close();
+      }
+    }
+    // Sockets, FIFOs and devices are not workspace content: left out, as the evidence extraction would.
+  };
+  const producing = walk(base).then(() => pack.finalize(), (err: unknown) => {
+    why = `${errText(err)}`;
+    pack.destroy();
+  });
+  let bytes = 0;
+  try {
+    for await (const chunk of pack as AsyncIterable<Buffer>) {
+      bytes += chunk.length;
+      if (bytes > capBytes) {
+        why = `the copy passed ${capBytes} bytes`;
+        pack.destroy();
+        break;
+      }
+      await writeChunks(FRAME.workspace, chunk);
+    }
+  } catch (err) {
+    why ??= errText(err);
+  }
+  await producing;
+  return { whole: why === undefined && bytes > 0, bytes, ...(why !== undefined && { why }) };
+}
+
+/** The payload on stdin: an 8-byte big-endian length, then that many bytes (stdin need not end). */
+async function readPayload(): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let got = 0;
+  let want: number | undefined;
+  for await (const chunk of process.stdin as AsyncIterable<Buffer>) {
+    chunks.push(chunk);
+    got += chunk.length;
+    if (want === undefined && got >= 8) want = 8 + Number(Buffer.concat(chunks).readBigUInt64BE(0));
+    if (want !== undefined && got >= want) break;
+  }
+  const all = Buffer.concat(chunks);
+  if (want === undefined || all.length < want) throw new Error(`stdin ended after ${all.length} bytes of ${want ?? 'a length'}`);
+  return all.subarray(8, want);
+}
+
+/** The tests from their tar (entries under `tests/`) into `dir`, which is empty: no entry goes through a link or out of it. */
+async function unpackTests(tarBytes: Buffer, dir: string): Promise<void> {
+  const top = posix.basename(dir);
+  const dirModes: Array<[string, number, Date]> = [];
+  const made = new Set<string>(['']);
+  const within = (name: string): string => {
+    const norm = posix.normalize(name.replace(/^\.\//, '')).replace(/\/+$/, '');
+    if (norm !== top && !norm.startsWith(`${top}/`)) throw new Error(`tests entry ${JSON.stringify(name)} is outside ${top}/`);
+    const rel = norm === top ? '' : norm.slice(top.length + 1);
+    if (rel.split('/').includes('..') || posix.isAbsolute(rel)) throw new Error(`tests entry ${JSON.stringify(name)} leaves ${top}/`);
+    return rel;
+  };
+  // Every folder on the way is one this unpacking made (so a real folder, never a link it unpacked).
+  const parentsOf = async (rel: string) => {
+    const parts = rel.split('/').slice(0, -1);
+    for (let i = 1; i <= parts.length; i++) {
+      const sub = parts.slice(0, i).join('/');
+      if (made.has(sub)) continue;
+      const st = await lstat(posix.join(dir, sub)).catch(() => undefined);
+      if (st !== undefined) throw new Error(`tests entry ${JSON.stringify(rel)} would go through ${sub}, which is not a folder of the tests`);
+      await mkdir(posix.join(dir, sub), { mode: 0o755 });
+      made.add(sub);
+    }
+  };
+  const extract = tar.extract();
+  const done = (async () => {
+    for await (const entry of extract) {
+      const h = entry.header;
+      const rel = within(h.name);
+      const target = rel === '' ? dir : posix.join(dir, rel);
+      const mode = (h.mode ?? 0o644) & 0o777;
+      const mtime = h.mtime ?? new Date(0);
+      if (h.type === 'directory') {
+        if (rel !== '') {
+          await parentsOf(rel);
+          if (!made.has(rel)) {
+            await mkdir(target, { mode: 0o755 });
+            made.add(rel);
+          }
+        }
+        dirModes.push([target, (h.mode ?? 0o755) & 0o777, mtime]);
+        entry.resume();
+      } else if (h.type === 'file' || h.type === 'contiguous-file') {
+        if (rel === '') throw new Error('the tests folder itself is a file in the tests tar');
+        await parentsOf(rel);
+        await rm(target, { force: true, recursive: true });
+        const fh = await open(target, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | fsConstants.O_NOFOLLOW, 0o600);
+        try {
+          for await (const chunk of entry as AsyncIterable<Buffer>) await fh.write(chunk);
+        } finally {
+          await fh.close();
+        }
+        await chmod(target, mode);
+        await utimes(target, mtime, mtime);
+      } else if (h.type === 'symlink') {
+        if (rel === '') throw new Error('the tests folder itself is a link in the tests tar');
+        await parentsOf(rel);
+        await rm(target, { force: true, recursive: true });
+        // A link is unpacked as a link: nothing is written through it (no later entry goes through it).
+        await symlink(h.linkname ?? '', target);
+        entry.resume();
+      } else if (h.type === 'link') {
+        await parentsOf(rel);
+        const from = posix.join(dir, within(h.linkname ?? ''));
+        const st = await lstat(from);
+        if (!st.isFile()) throw new Error(`tests hard link ${JSON.stringify(h.name)} names no file of the tests`);
+        await rm(target, { force: true, recursive: true });
+        await link(from, target);
+        entry.resume();
+      } else {
+        entry.resume();
+      }
+    }
+  })();
+  extract.end(tarBytes);
+  await done;
+  for (const [target, mode, mtime] of dirModes.reverse()) {
+    await chmod(target, mode);
+    await utimes(target, mtime, mtime);
+  }
+}
+
+/** A reward file, read without following a link: undefined when there is none; 'not-regular' when it is something else. */
+async function readRewardFile(file: string): Promise<Buffer | 'not-regular' | undefined> {
+  const st = await lstat(file).catch(() => undefined);
+  if (st === undefined) return undefined;
+  if (!st.isFile()) return 'not-regular';
+  const fh = await open(file, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW);
+  try {
+    const buf = Buffer.alloc(REWARD_CAP + 1);
+    let n = 0;
+    while (n < buf.length) {
+      const { bytesRead } = await fh.read(buf, n, buf.length - n, null);
+      if (bytesRead === 0) break;
+      n += bytesRead;
+    }
+    return buf.subarray(0, n);
+  } finally {
+    await fh.close();
+  }
+}
+
+async function runVerifier(config: EndOfTurnConfig): Promise<number> {
+  await write(encodeFrame(FRAME.verifierStart));
+  const [file, ...args] = config.shell;
+  const child = spawn(file!, [...args, config.command], { cwd: config.workdir, env: process.env, stdio: ['ignore', 'pipe', 'pipe'] });
+  // Frames of both streams go out in the order their chunks arrive, one write at a time.
+  let writing = Promise.resolve();
+  const forward = (type: FrameType) => (chunk: Buffer) => {
+    writing = writing.then(() => writeChunks(type, chunk));
+  };
+  child.stdout.on('data', forward(FRAME.stdout));
+  child.stderr.on('data', forward(FRAME.stderr));
+  const drained = Promise.all([child.stdout, child.stderr].map((s) => new Promise<void>((resolve) => s.once('close', resolve))));
+  const exited = await new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
+    child.once('error', reject);
+    child.once('exit', (code, signal) => resolve({ code, signal }));
+  });
+  let bound: NodeJS.Timeout | undefined;
+  await Promise.race([drained, new Promise<void>((resolve) => (bound = setTimeout(resolve, DRAIN_MS)))]);
+  clearTimeout(bound);
+  child.stdout.destroy();
+  child.stderr.destroy();
+  await writing;
+  return exited.code ?? 128 + (exited.signal ? osConstants.signals[exited.signal] : 0);
+}
+
+async function main(): Promise<number> {
+  const config = JSON.parse(Buffer.from(process.argv[2] ?? '', 'base64').toString('utf8')) as EndOfTurnConfig;
+  // 1. The verifier's log folder, before anything else: when it needs root, nothing has been done yet.
+  if (config.rewardFile) {
+    const ok = await resetVerifierLogs();
+    await write(jsonFrame(FRAME.logsReset, { ok }));
+    if (!ok) return FAILED_EXIT;
+  }
+  // 2. The workspace as the agent left it.
+  const copy = await copyWorkspace(config.workdir, config.copyCapBytes).catch((err: unknown) => ({ whole: false, bytes: 0, why: errText(err) }));
+  await write(jsonFrame(FRAME.workspaceEnd, copy));
+  // 3. The hidden tests.
+  try {
+    const tests = await readPayload();
+    await empty(config.testsDir);
+    await unpackTests(tests, config.testsDir);
+    await write(jsonFrame(FRAME.testsIn, { ok: true }));
+  } catch (err) {
+    await write(jsonFrame(FRAME.testsIn, { ok: false, why: errText(err), ...(errCode(err) !== undefined && { code: errCode(err) }) }));
+    return FAILED_EXIT;
+  }
+  // 4. The verifier.
+  const code = await runVerifier(config);
+  // 5. Its reward files.
+  if (config.rewardFile) {
+    const json = await readRewardFile(REWARD_FILES.json).catch(() => 'not-regular' as const);
+    const txt = json === undefined ? await readRewardFile(REWARD_FILES.txt).catch(() => 'not-regular' as const) : undefined;
+    const notRegular = json === 'not-regular' ? 'reward.json' : txt === 'not-regular' ? 'reward.txt' : undefined;
+    await write(jsonFrame(FRAME.reward, {
+      ...(json instanceof Buffer && { json: json.toString('base64') }),
+      ...(txt instanceof Buffer && { txt: txt.toString('base64') }),
+      ...(notRegular !== undefined && { notRegular }),
+    }));
+  }
+  return code;
+}
+
+main().then(
+  (code) => process.stdout.write(Buffer.alloc(0), () => process.exit(code)),
+  (err: unknown) => {
+    process.stdout.write(jsonFrame(FRAME.failed, { why: errText(err) }), () => process.exit(FAILED_EXIT));
+  },
+);
