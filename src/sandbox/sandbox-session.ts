@@ -17,7 +17,6 @@ import { watchOomEvents, type OomWatch } from './oom-events.ts';
 import type { SandboxOwner } from './labels.ts';
 import { removeContainer } from './remove-container.ts';
 import { execIn, startBackgroundIn, type ExecOptions, type ExecResult, type ExecTarget } from './sandbox-exec.ts';
-import { sweepIn } from './sweep.ts';
 import { endOfTurn, type EndOfTurn, type EndOfTurnOptions } from './end-of-turn/end-of-turn.ts';
 
 // Split by concern; the names importers know from this file are still exported from it.
@@ -176,20 +175,6 @@ export class SandboxSession {
       if (signal?.aborted) throw err;
       return false;
     }
-  }
-
-  /**
-   * Kill every process of the sandbox user, from one exec, until none is left: the cheap way to what
-   * restart() does (a round trip of about a millisecond instead of 200 to 350 ms). `swept` is true when
-   * the sandbox ran the exec and no process of the agent's is left (zombies aside: init reaps them);
-   * false when the exec could not run (no pid left, the sandbox stopped) or processes kept coming: then
-   * restart(). With `copy`, the same exec then tars the workspace as the agent left it (nothing of the
-   * agent's can change it any more), as getArchive would, saving the engine's own archive call: `tar`
-   * is that copy, or undefined when the image has no tar or head, the sandbox user could not read
-   * everything, or it came to more than `capBytes` (the caller then asks the engine).
-   */
-  async sweepProcesses(signal?: AbortSignal, copy?: { dir: string; capBytes: number }): Promise<{ swept: boolean; tar?: Buffer }> {
-    return sweepIn(this.execTarget(), signal, copy);
   }
 
   /**

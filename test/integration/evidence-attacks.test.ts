@@ -241,8 +241,10 @@ const ATTACKS: Record<string, Attack> = {
 };
 
 // The forged tar: a node script the agent plants as /usr/local/bin/tar (first in the sandbox's PATH in
-// the dash image), so the sweep's own copy of the workspace is this archive. Every entry tries to
-// escape the evidence folder, make links, or pass the caps.
+// the dash image), so that a sweep copying the workspace with the image's tar would hand this archive
+// to the extractor. Every entry tries to escape the evidence folder, make links, or pass the caps. The
+// end of the turn copies the workspace with the runtime's own node, so the forgery must change nothing;
+// the extractor's own defence against such archives is tested in test/unit/safe-extract.test.ts.
 function forgeJs(): string {
   return String.raw`
 const fs = require('fs');
@@ -699,33 +701,21 @@ ${name} neither kept nor listed`).toBe(true);
     expect(r, why).toMatchObject({ status: 'failed', reward: 0 });
   });
 
-  it('forged-tar: the forged copy is what was extracted, and not one of its entries left the evidence folder or made a link', async () => {
+  it('forged-tar: the planted tar changes nothing: the copy is the fleet\'s own, of the files the agent left', async () => {
     const why = await describeResult('forged-tar');
     expect(byTask.get('forged-tar'), why).toMatchObject({ status: 'passed', reward: 1 });
     const ev = await evidenceOf('forged-tar');
     expect(ev.workspace.takenAt, why).toBe('agent-stopped');
     const ws = path.join(attemptDir('forged-tar'), 'workspace');
-    // The forgery reached the extractor (its marker is there), so everything below was really tried.
-    expect(await readFile(path.join(ws, 'forged-marker.txt'), 'utf8'), why).toBe(`forged ${TOKEN}\n`);
+    // The agent's real files, and none of the forgery's entries (the planted tar was never run).
+    expect(await readFile(path.join(ws, 'state.txt'), 'utf8'), why).toBe('fixed\n');
+    expect(await readFile(path.join(ws, 'plant-tar.sh'), 'utf8'), why).toBe(PLANT_TAR);
+    const w = await walkOf('forged-tar');
+    expect(w.files.map((f) => f.rel).sort(), why).toEqual(['agent.sh', 'forge.js', 'plant-tar.sh', 'state.txt']);
+    expect(ev.workspace.extraction?.skipped ?? [], why).toEqual([]);
     // The canary: the victim unchanged, nothing added.
     expect(await readdir(CANARY), why).toEqual([VICTIM]);
     expect(await readFile(path.join(CANARY, VICTIM), 'utf8'), why).toBe(VICTIM_TEXT);
-    const w = await walkOf('forged-tar');
-    expect(w.files.filter((f) => f.rel.startsWith('many/')).length, why).toBeLessThanOrEqual(CAP_FILES);
-    // No copy of the victim came in through a hard link.
-    for (const f of w.files) {
-      if (f.size === Buffer.byteLength(VICTIM_TEXT)) expect(await readFile(path.join(ws, f.rel), 'utf8'), `${why}\n${f.rel}`).not.toBe(VICTIM_TEXT);
-    }
-    const skipped = (ev.workspace.extraction?.skipped ?? []).map((s) => s.path);
-    for (const name of ['lnk', 'rel', 'dirlink', 'follow-me', 'hl', 'hl2', 'dev-null', 'blk', 'fifo']) expect(skipped.includes(name), `${why}\n${name} not listed as skipped`).toBe(true);
-  });
-
-  it('forged-tar: the forged entry of 4 MiB + 1 byte is named in the extraction report, not kept as a whole-looking 4 MiB file', async () => {
-    const why = await describeResult('forged-tar');
-    const ev = await evidenceOf('forged-tar');
-    const skipped = (ev.workspace.extraction?.skipped ?? []).map((s) => s.path);
-    const kept = (await walkOf('forged-tar')).files.find((f) => f.rel === 'over4.bin');
-    expect(skipped.includes('over4.bin'), `${why}\nover4.bin: not listed as skipped; kept in the evidence as ${kept ? `a ${kept.size}-byte file` : 'nothing'}`).toBe(true);
   });
 
   it('nothing named by the attacks exists outside the evidence folders (data folder, /tmp)', async () => {

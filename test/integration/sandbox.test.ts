@@ -1,16 +1,26 @@
 // The sandbox session on the real engine: hardened by default, exec deadlines that stop a whole
 // process tree, capped output, idempotent removal.
+import { mkdtemp } from 'node:fs/promises';
 import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
+import { sandboxPrograms } from '../../src/agent/sandbox-programs.ts';
+import { tarBuffer } from '../../src/archive/tar-buffer.ts';
+import { startPrivateRedis, type PrivateRedis } from '../../src/cli/private-redis.ts';
 import { FleetError } from '../../src/errors/fleet-error.ts';
+import { prepareRuntime, type RuntimeGeneration } from '../../src/runtime/prepare-runtime.ts';
+import { defaultRuntimeInputs } from '../../src/runtime/runtime-inputs.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
+import { SANDBOX_USER } from '../../src/sandbox/sandbox-user.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
 import { buildDashImage, WRITABLE_PATH_DIR } from '../helpers/dash-image.ts';
-import { docker, fleetContainers, silentLog } from '../helpers/fleet.ts';
+import { SHARED_RUNTIME_CACHE, SHARED_RUNTIME_SCOPE, docker, fleetContainers, silentLog } from '../helpers/fleet.ts';
 
 const owner = { fleet: 'sandbox-test', episodeId: `sandbox-test-${process.pid}`, batchId: `sandbox-test-${process.pid}`, workerId: 'sandbox-test', attempt: 1 };
 const spec = { image: DEFAULT_IMAGE, workdir: '/workspace', limits: { memoryMb: 64, cpus: 0.5, pids: 64 }, owner };
@@ -19,12 +29,36 @@ const run = (s: SandboxSession, command: string, timeoutMs = 10_000, capBytes = 
 
 describe('sandbox session', () => {
   let session: SandboxSession;
+  let redis: PrivateRedis;
+  let runtime: RuntimeGeneration;
+  // As an episode's own sandbox: the runtime generation mounted and /tests the sandbox user's.
+  let endSpec: typeof spec & { mounts: RuntimeGeneration['mount'][]; filesBeforeStart: Buffer };
+  let testsTar: Buffer;
 
   beforeAll(async () => {
     session = await SandboxSession.open(deps, spec, () => undefined);
+    redis = await startPrivateRedis();
+    const client = new Redis(redis.url, { maxRetriesPerRequest: null });
+    try {
+      const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-sandbox-test-'));
+      const inputs = await defaultRuntimeInputs(await sandboxPrograms(dir), { cacheDir: SHARED_RUNTIME_CACHE });
+      runtime = await prepareRuntime({ docker, redis: client, prefix: 'sandbox-test', log: silentLog, volumeScope: SHARED_RUNTIME_SCOPE }, inputs, { timeoutMs: 300_000 });
+    } finally {
+      await client.quit();
+    }
+    // /tests as an episode has it, and /workspace the sandbox user's (as a task's workspace put makes it).
+    const folders = await tarBuffer((pack) => {
+      for (const name of ['tests/', 'workspace/']) pack.entry({ name, type: 'directory', mode: 0o755, uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid });
+    });
+    endSpec = { ...spec, mounts: [runtime.mount], filesBeforeStart: folders };
+    testsTar = await tarBuffer((pack) => {
+      pack.entry({ name: 'tests/', type: 'directory', mode: 0o755 });
+      pack.entry({ name: 'tests/check.txt', mode: 0o644 }, 'tests in\n');
+    });
   });
   afterAll(async () => {
     await session?.remove();
+    await redis?.stop();
   });
 
   it('runs as a non-root user with no capabilities, no privilege escalation and no network', async () => {
@@ -60,54 +94,73 @@ describe('sandbox session', () => {
     }
   });
 
-  it('sweeps every process the agent left (daemons, TERM-ignorers, a stopped one) in one exec, and says so when it cannot run', async () => {
-    const own = await SandboxSession.open(deps, { ...spec, owner: { ...owner, episodeId: `${owner.episodeId}-sweep` }, limits: { memoryMb: 64, cpus: 0.5, pids: 24 } }, () => undefined);
+  /** The end of the agent's turn in `own` with `tests` (a tar under tests/) and `command` as the verifier. */
+  const endTurn = (own: SandboxSession, command: string, extra: { copyCapBytes?: number; tests?: Buffer } = {}) => own.endTurn({
+    runtimeMountPath: runtime.mountPath, workdir: '/workspace', testsDir: '/tests', tests: extra.tests ?? testsTar,
+    command, rewardFile: false, verifierTimeoutMs: 10_000, outputCapBytes: 64 * 1024, copyCapBytes: extra.copyCapBytes ?? 1 << 20,
+    signal: new AbortController().signal,
+  });
+  const names = async (tarBytes: Buffer) => {
+    const out: string[] = [];
+    const extract = tar.extract();
+    extract.on('entry', (header, stream, next) => {
+      out.push(header.name);
+      stream.resume();
+      stream.on('end', next);
+    });
+    await pipeline(Readable.from([tarBytes]), extract);
+    return out;
+  };
+
+  it("ends the agent's turn in one exec: every process it left is gone first, the copy is what it wrote, and a sandbox that cannot run it says so", async () => {
+    const own = await SandboxSession.open(deps, { ...endSpec, owner: { ...owner, episodeId: `${owner.episodeId}-sweep` }, limits: { memoryMb: 128, cpus: 0.5, pids: 24 } }, () => undefined);
     try {
-      const count = 'n=0; for d in /proc/[0-9]*; do [ "${d#/proc/}" = "$$" ] && continue; u=$(awk "/^Uid:/{print \\$2}" $d/status 2>/dev/null); [ "$u" = 1000 ] && n=$((n+1)); done; echo $n';
+      const count = 'n=0; for d in /proc/[0-9]*; do case "${d#/proc/}" in "$$"|"$PPID") continue;; esac; u=$(awk "/^Uid:/{print \\$2}" $d/status 2>/dev/null); [ "$u" = 1000 ] && n=$((n+1)); done; echo $n';
       await run(own, 'for i in 1 2 3; do (trap "" TERM HUP; exec sleep 1000) & done; sleep 1000 & kill -STOP $!; (setsid sh -c "sleep 1000" &) ; echo started');
-      // The count's own shell is left out; the glob is taken before awk runs.
-      expect(Number((await run(own, count)).stdout.text.trim())).toBeGreaterThanOrEqual(5);
-      expect(await own.sweepProcesses()).toEqual({ swept: true });
-      expect(Number((await run(own, count)).stdout.text.trim())).toBe(0);
-      // Asked to, the same exec copies a folder once nothing of the user's runs: a writer left behind
-      // is stopped first, so the copy is what it had written. Past the cap there is no copy.
-      await run(own, 'mkdir -p /tmp/ws/sub && echo a > /tmp/ws/sub/a.txt && (while :; do date >> /tmp/ws/log; done) & echo started');
-      const copied = await own.sweepProcesses(undefined, { dir: '/tmp/ws', capBytes: 1 << 20 });
-      expect(copied.swept).toBe(true);
-      const names: string[] = [];
-      const extract = tar.extract();
-      extract.on('entry', (header, stream, next) => {
-        names.push(header.name);
-        stream.resume();
-        stream.on('end', next);
-      });
-      await pipeline(Readable.from([copied.tar!]), extract);
-      expect(names).toEqual(expect.arrayContaining(['ws/', 'ws/sub/', 'ws/sub/a.txt', 'ws/log']));
-      expect(await own.sweepProcesses(undefined, { dir: '/tmp/ws', capBytes: 100 })).toEqual({ swept: true });
-      // It needs one pid only (builtins), and says false when no exec can run at all: then the caller restarts.
+      // A writer left behind is stopped before the copy, so the copy is what it had written.
+      await run(own, 'mkdir -p /workspace/sub && echo a > /workspace/sub/a.txt && (while :; do date >> /workspace/log; done) & echo started');
+      // The count's own shell and its parent (the end-of-turn program, for the verifier) are left out;
+      // the glob is taken before awk runs.
+      expect(Number((await run(own, count)).stdout.text.trim())).toBeGreaterThanOrEqual(6);
+      const ended = await endTurn(own, `${count}; cat /tests/check.txt`);
+      expect(ended.outcome).toBe('verified');
+      if (ended.outcome !== 'verified') return;
+      // The verifier saw none of the agent's processes, and the tests.
+      expect(ended.verifyRun.stdout.text.trim().split('\n')).toEqual(['0', 'tests in']);
+      expect(await names(ended.workspaceTar!)).toEqual(expect.arrayContaining(['workspace/', 'workspace/sub/', 'workspace/sub/a.txt', 'workspace/log']));
+      const log = (await run(own, 'wc -c < /workspace/log')).stdout.text.trim();
+      expect(Number(log)).toBeGreaterThan(0);
+      // Past the cap there is no copy (close asks the engine), and the verifier still runs.
+      const capped = await endTurn(own, 'true', { copyCapBytes: 100 });
+      expect(capped).toMatchObject({ outcome: 'verified', verifyRun: { exitCode: 0 } });
+      expect(capped.outcome === 'verified' && capped.workspaceTar).toBeFalsy();
+      // It needs one pid only until the sweep is done (builtins), and says so when no exec can run at all: then the caller restarts.
       await docker.getContainer(own.containerId).kill();
-      expect(await own.sweepProcesses()).toEqual({ swept: false });
+      expect(await endTurn(own, 'true')).toEqual({ outcome: 'not-swept' });
     } finally {
       await own.remove();
     }
   });
 
-  it('leaves nothing of the sandbox user running after its copy, even a daemon from a tar the agent planted', async () => {
+  it("runs nothing of the image's PATH: a planted tar, head, cat or node in a folder on it starts nothing", async () => {
     const image = `rollout-fleet/sandbox-test:dash-${process.pid}`;
     await buildDashImage(docker, image);
-    const own = await SandboxSession.open(deps, { ...spec, image, owner: { ...owner, episodeId: `${owner.episodeId}-planted` } }, () => undefined);
+    const own = await SandboxSession.open(deps, { ...endSpec, image, owner: { ...owner, episodeId: `${owner.episodeId}-planted` } }, () => undefined);
     try {
       const plant = await run(own, [
-        'mkdir -p /tmp/ws && echo a > /tmp/ws/a.txt',
-        `printf '%s\\n' '#!/bin/sh' '(setsid sleep 1000 </dev/null >/dev/null 2>&1 &)' 'exec /bin/tar "$@"' > ${WRITABLE_PATH_DIR}/tar`,
-        `chmod +x ${WRITABLE_PATH_DIR}/tar && command -v tar`,
+        'mkdir -p /workspace && echo a > /workspace/a.txt',
+        ...['tar', 'head', 'cat', 'node'].map((tool) => `printf '%s\\n' '#!/bin/sh' 'echo planted > /tmp/planted-${tool}' '(setsid sleep 1000 </dev/null >/dev/null 2>&1 &)' > ${WRITABLE_PATH_DIR}/${tool} && chmod +x ${WRITABLE_PATH_DIR}/${tool}`),
+        'command -v tar',
       ].join(' && '));
       expect(plant.stdout.text.trim(), plant.stderr.text).toBe(`${WRITABLE_PATH_DIR}/tar`);
-      const copied = await own.sweepProcesses(undefined, { dir: '/tmp/ws', capBytes: 1 << 20 });
-      expect(copied.swept).toBe(true);
-      expect(copied.tar).toBeDefined();
-      const left = await run(own, 'n=0; for d in /proc/[0-9]*; do [ "${d#/proc/}" = "$$" ] && continue; grep -q "^Uid:[[:space:]]*1000" $d/status 2>/dev/null && n=$((n+1)); done; echo $n');
-      expect(left.stdout.text.trim()).toBe('0');
+      const ended = await endTurn(own, 'ls /tmp; echo verified');
+      expect(ended.outcome).toBe('verified');
+      if (ended.outcome !== 'verified') return;
+      expect(ended.verifyRun.stdout.text).not.toContain('planted');
+      expect(await names(ended.workspaceTar!)).toEqual(['workspace/', 'workspace/a.txt']);
+      const left = await run(own, 'ls /tmp; n=0; for d in /proc/[0-9]*; do [ "${d#/proc/}" = "$$" ] && continue; grep -q "^Uid:[[:space:]]*1000" $d/status 2>/dev/null && n=$((n+1)); done; echo $n');
+      expect(left.stdout.text).not.toContain('planted');
+      expect(left.stdout.text.trim().split('\n').at(-1)).toBe('0');
     } finally {
       await own.remove();
       await docker.getImage(image).remove({ force: true }).catch(() => undefined);

@@ -84,65 +84,97 @@ async function resetVerifierLogs(): Promise<boolean> {
   return now !== undefined && now.isDirectory() && (await readdir('/logs/verifier').catch(() => ['?'])).length === 0;
 }
 
-/** The workspace as a tar on stdout, in frames; whether it came whole. */
+/** Thrown into the walk once the copy is cut: nothing more is read. */
+class CopyCut extends Error {}
+
+/** The workspace as a tar on stdout, in frames; whether it came whole. Past `capBytes` the copy is
+ * cut: the walk stops reading (a 16 GiB sparse file is not read to its end) and the copy is not whole. */
 async function copyWorkspace(workdir: string, capBytes: number): Promise<{ whole: boolean; bytes: number; why?: string }> {
   const parent = posix.dirname(workdir);
   const base = posix.basename(workdir);
   const pack = tar.pack();
   let why: string | undefined;
+  let cut = false;
+  const cutShort = (reason: string): void => {
+    if (cut) return;
+    cut = true;
+    why ??= reason;
+    pack.destroy();
+  };
+  /** One entry of the pack, settled when it is written, or when the pack is cut (never left waiting). */
+  const addEntry = (header: Parameters<typeof pack.entry>[0], body?: (entry: ReturnType<typeof pack.entry>) => Promise<void>): Promise<void> => {
+    if (cut) throw new CopyCut();
+    return new Promise<void>((resolve, reject) => {
+      const entry = pack.entry(header, (err) => (err ? reject(cut ? new CopyCut() : err) : resolve()));
+      entry.on('error', () => undefined);
+      if (body === undefined) return;
+      body(entry).then(() => entry.end(Buffer.alloc(0)), (err: unknown) => {
+        entry.destroy();
+        reject(err);
+      });
+    });
+  };
   const walk = async (rel: string): Promise<void> => {
     const abs = posix.join(parent, rel);
     const st = await lstat(abs);
     const header = { name: rel, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, mtime: st.mtime };
     if (st.isDirectory()) {
-      pack.entry({ ...header, name: `${rel}/`, type: 'directory' });
+      await addEntry({ ...header, name: `${rel}/`, type: 'directory' });
       const names = (await readdir(abs)).sort();
       for (const name of names) await walk(posix.join(rel, name));
     } else if (st.isSymbolicLink()) {
-      pack.entry({ ...header, type: 'symlink', linkname: await readlink(abs) });
+      await addEntry({ ...header, type: 'symlink', linkname: await readlink(abs) });
     } else if (st.isFile()) {
       const fh = await open(abs, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW);
       try {
-        let entry!: ReturnType<typeof pack.entry>;
-        const done = new Promise<void>((resolve, reject) => {
-          entry = pack.entry({ ...header, type: 'file', size: st.size }, (err) => (err ? reject(err) : resolve()));
+        await addEntry({ ...header, type: 'file', size: st.size }, async (entry) => {
+          let left = st.size;
+          const buf = Buffer.alloc(Math.min(256 * 1024, Math.max(1, st.size)));
+          while (left > 0) {
+            if (cut) throw new CopyCut();
+            const { bytesRead } = await fh.read(buf, 0, Math.min(buf.length, left), null);
+            if (bytesRead === 0) throw new Error(`${abs} shrank while it was read`);
+            left -= bytesRead;
+            if (!entry.write(Buffer.from(buf.subarray(0, bytesRead)))) {
+              await new Promise<void>((resolve) => {
+                const settle = (): void => {
+                  entry.off('drain', settle);
+                  entry.off('close', settle);
+                  resolve();
+                };
+                entry.on('drain', settle);
+                entry.on('close', settle);
+              });
+            }
+          }
         });
-        let left = st.size;
-        const buf = Buffer.alloc(Math.min(256 * 1024, Math.max(1, st.size)));
-        while (left > 0) {
-          const { bytesRead } = await fh.read(buf, 0, Math.min(buf.length, left), null);
-          if (bytesRead === 0) throw new Error(`${abs} shrank while it was read`);
-          left -= bytesRead;
-          if (!entry.write(Buffer.from(buf.subarray(0, bytesRead)))) await new Promise<void>((resolve) => entry.once('drain', () => resolve()));
-        }
-        entry.end(Buffer.alloc(0));
-        await done;
       } finally {
         await fh.close();
       }
     }
     // Sockets, FIFOs and devices are not workspace content: left out, as the evidence extraction would.
   };
-  const producing = walk(base).then(() => pack.finalize(), (err: unknown) => {
-    why = `${errText(err)}`;
-    pack.destroy();
-  });
+  const producing = walk(base).then(
+    () => {
+      if (!cut) pack.finalize();
+    },
+    (err: unknown) => cutShort(err instanceof CopyCut ? (why ?? 'cut') : errText(err)),
+  );
   let bytes = 0;
   try {
     for await (const chunk of pack as AsyncIterable<Buffer>) {
       bytes += chunk.length;
       if (bytes > capBytes) {
-        why = `the copy passed ${capBytes} bytes`;
-        pack.destroy();
+        cutShort(`the copy passed ${capBytes} bytes`);
         break;
       }
       await writeChunks(FRAME.workspace, chunk);
     }
   } catch (err) {
-    why ??= errText(err);
+    cutShort(errText(err));
   }
   await producing;
-  return { whole: why === undefined && bytes > 0, bytes, ...(why !== undefined && { why }) };
+  return { whole: !cut && bytes > 0, bytes, ...(why !== undefined && { why }) };
 }
 
 /** The payload on stdin: an 8-byte big-endian length, then that many bytes (stdin need not end). */
