@@ -25,6 +25,11 @@ export interface AgentContext {
   modelName?: string;
   /** The phase's network (HTTP_PROXY and the rest, src/episode/phase-egress.ts) when it has one: every exec of the agent gets it. */
   networkEnv?: Record<string, string>;
+  /**
+   * The task's workspace as a tar for "/", not in the sandbox yet: the agent's exec unpacks it first
+   * (saving the engine's put), or the agent puts it before it starts.
+   */
+  workspaceIn?: Buffer;
   /** The conversation to resume from (the latest durable checkpoint). */
   resume?: AgentInput['resume'];
   /** Every event the agent reports (model calls, tool calls, checkpoints, its ending). */

@@ -2,6 +2,7 @@
 // "agent" is a script, and agents people bring (a Python loop, a coding CLI). When the episode has a
 // model proxy, the model forwarder is started beside it first: any OpenAI-compatible client inside
 // finds the model at OPENAI_BASE_URL (a loopback address) with a placeholder key; the real key stays outside.
+import { randomBytes } from 'node:crypto';
 import { shellQuote } from '../files/shell-quote.ts';
 import type { TaskSpec } from '../tasks/task-spec.ts';
 import type { Agent, AgentContext, AgentRun } from './agent-context.ts';
@@ -46,11 +47,36 @@ export class CommandAgent implements Agent {
         { timeoutMs: FORWARDER_READY_MS, signal: ctx.signal },
       );
     }
-    return ctx.session.exec(this.command, {
+    const opts = {
       timeoutMs: ctx.ceilingMs,
       capBytes: ctx.outputCapBytes,
       env: { ...agentEnv(ctx.task), ...(gateway && modelEnv(SANDBOX_MODEL_PORT, ctx.modelName)), ...ctx.networkEnv },
       signal: ctx.signal,
-    });
+    };
+    const workspace = ctx.workspaceIn;
+    if (workspace === undefined) return ctx.session.exec(this.command, opts);
+    // The workspace comes in on the agent's own exec: nothing of the agent's has run in this sandbox
+    // yet, so the image's own tar is as good as the engine's (its modes kept, as the sandbox user).
+    const unpacked = await ctx.session.exec(unpackThenRun(workspace.length, this.command, NOT_UNPACKED), { ...opts, stdin: workspace });
+    if (!(unpacked.exitCode === NOT_UNPACKED_EXIT && unpacked.stderr.text.includes(NOT_UNPACKED))) return unpacked;
+    // No tar or head in the image (or it failed): the agent has not run; the engine puts the workspace.
+    await ctx.session.putArchive(workspace, '/', ctx.signal);
+    return ctx.session.exec(this.command, opts);
   }
+}
+
+/** Said on stderr, with the exit code below, when the workspace could not be unpacked: a nonce the agent never sees. */
+const NOT_UNPACKED = `rollout-fleet: workspace not unpacked ${randomBytes(8).toString('hex')}`;
+const NOT_UNPACKED_EXIT = 125;
+
+/**
+ * Unpack exactly `bytes` of stdin (a tar for "/") with the image's head and tar under umask 0, then
+ * become `sh -c command` with stdin closed and the umask the exec had; else say NOT_UNPACKED and exit.
+ */
+export function unpackThenRun(bytes: number, command: string, marker: string): string {
+  return [
+    'u=$(umask); umask 0',
+    `if command -v head >/dev/null && command -v tar >/dev/null && head -c ${bytes} | tar -xf - -C /; then umask "$u"; exec sh -c ${shellQuote(command)} </dev/null; fi`,
+    `echo ${shellQuote(marker)} >&2; exit ${NOT_UNPACKED_EXIT}`,
+  ].join('\n');
 }

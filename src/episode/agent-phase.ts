@@ -29,7 +29,7 @@ export type AgentDeps = Pick<EpisodeDeps, 'checkpoints' | 'log' | 'outputCapByte
 export async function runAgent(
   attempt: EpisodeAttempt,
   deps: AgentDeps,
-  made: Pick<SetUpResult, 'archive' | 'runtime' | 'proxy' | 'services' | 'runFolder'>,
+  made: Pick<SetUpResult, 'archive' | 'runtime' | 'proxy' | 'services' | 'runFolder' | 'workspaceIn'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'snapshots' | 'agentRun' | 'timings'>,
   resume: AgentResume | undefined,
@@ -84,6 +84,7 @@ export async function runAgent(
       ...(made.proxy?.model !== undefined && { modelName: made.proxy.model }),
       ...(networkEnv && { networkEnv }),
       ...(resume && { resume }),
+      ...(made.workspaceIn && { workspaceIn: made.workspaceIn }),
       onEvent: (event) => {
         if (event.type !== 'checkpoint') return;
         const { type: _type, ...cp } = event;

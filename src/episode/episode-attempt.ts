@@ -19,7 +19,7 @@ import { DEFAULT_ENDPOINT, type ModelEndpoint } from '../config/model-endpoints.
 import type { ModelProxy } from '../model/model-proxy.ts';
 import type { PolicyStamper } from '../model/policy-versions.ts';
 import type { RuntimeGeneration } from '../runtime/prepare-runtime.ts';
-import type { SandboxPool } from '../sandbox/sandbox-pool.ts';
+import type { SandboxPool, TaskLookahead } from '../sandbox/sandbox-pool.ts';
 import type { ExecResult, SandboxSession } from '../sandbox/sandbox-session.ts';
 import type { TaskArchive } from '../tasks/task-archive.ts';
 import type { EnvironmentLease } from '../sandbox/environment-lease.ts';
@@ -58,6 +58,8 @@ export interface EpisodeDeps {
   publisher: EvidencePublisher;
   /** Warm sandboxes set-up claims before creating one. @default none */
   pool?: SandboxPool;
+  /** Which tasks wait in the queue: the pool seeds sandboxes with the workspace of those coming again. @default none: no seeded sandboxes */
+  upcoming?: TaskLookahead | undefined;
   /** The engine's runtime every sandbox runs under (FLEET_SANDBOX_RUNTIME). @default the engine's default */
   sandboxRuntime?: SandboxRuntime | undefined;
   /** Stamps every model call with its endpoint's policy version (src/model/policy-versions.ts). @default none: calls are not stamped */
@@ -154,6 +156,8 @@ export interface SetUpResult {
   runFolder?: string | undefined;
   /** The job's task with what the image decided filled in: the image run, the workdir (a Harbor task's may be the image's). */
   task: TaskSpec;
+  /** The workspace's tar when it is not in the sandbox yet: the agent's exec takes it in (AgentContext.workspaceIn). */
+  workspaceIn?: Buffer | undefined;
 }
 
 /**

@@ -85,8 +85,11 @@ export const EpisodeResult = z.object({
   verifier: Captured.optional(),
   /** The runtime generation the sandbox mounted, whether it was already installed, and preparation time. */
   runtime: z.object({ generationId: z.string(), warm: z.boolean(), prepareMs: z.number() }).optional(),
-  /** The attempt's sandbox: its container, and whether it was a warm one claimed from the worker's pool. */
-  sandbox: z.object({ containerId: z.string(), pooled: z.boolean() }).optional(),
+  /**
+   * The attempt's sandbox: its container, whether it was a warm one claimed from the worker's pool, and
+   * (only when true) whether that one was seeded with the task's workspace before the claim.
+   */
+  sandbox: z.object({ containerId: z.string(), pooled: z.boolean(), seeded: z.literal(true).optional() }).optional(),
   /** The checkpoint (seq) this attempt resumed from, when an earlier attempt left one. */
   resumedFrom: z.number().int().optional(),
   /**

@@ -165,7 +165,7 @@ function assembleResult(
     // What each phase asked for and what it got under the operator's ceiling (src/egress/network-grant.ts).
     ...(harbor && { network: grantNetwork(harbor, network ?? DEFAULT_NETWORK) }),
     ...(runtime && { runtime: { generationId: runtime.generationId, warm: runtime.warm, prepareMs: runtime.prepareMs } }),
-    ...(lease.containerId !== undefined && { sandbox: { containerId: lease.containerId, pooled: lease.pooled } }),
+    ...(lease.containerId !== undefined && { sandbox: { containerId: lease.containerId, pooled: lease.pooled, ...(lease.seeded && { seeded: true }) } }),
     ...(agentRun && { agent: summary(agentRun) }),
     ...(usage && { usage }),
     ...(played && { model: played }),

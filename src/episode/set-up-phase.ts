@@ -23,14 +23,14 @@ import { startTaskServices, type ServiceNetwork } from '../sandbox/task-services
 import type { SandboxOwner } from '../sandbox/labels.ts';
 import type { VolumeMount } from '../sandbox/container-spec.ts';
 import { harborLogsTar, runHealthcheck } from './harbor-checks.ts';
-import { testsFolderTar } from './verify-phase.ts';
+import { TESTS_DIR, userFoldersTar } from './verify-phase.ts';
 import { hasEgress } from '../egress/network-grant.ts';
 import { phaseGrants } from './phase-egress.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult, WorkerEndpoint } from './episode-attempt.ts';
 import { DEFAULT_ENDPOINT } from '../config/model-endpoints.ts';
 
 /** What set-up uses of the worker's clients and stores. */
-export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'sandboxRuntime' | 'policy' | 'network' | 'registry'>;
+export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'upcoming' | 'sandboxRuntime' | 'policy' | 'network' | 'registry'>;
 
 const ROOT = { uid: 0, gid: 0 } as const;
 
@@ -71,10 +71,14 @@ export async function setUp(
   // keeps its image's ENTRYPOINT and USER, with its environment, and /logs written before its start;
   // its environment upload and healthcheck run here, after any claim, for this episode.
   const harborSpec = task.harbor && { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) };
-  const poolSpec: PoolSpec = {
-    image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount],
-    // A Harbor task's /logs; our own tasks' /tests, where the end of the agent's turn unpacks the tests.
-    ...(harborSpec ? { harbor: harborSpec, filesBeforeStart: await harborLogsTar() } : { filesBeforeStart: await testsFolderTar() }),
+  const common = { image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount] };
+  // A Harbor task's /logs. Our own tasks': /tests (where the end of the agent's turn unpacks the tests)
+  // and the empty workdir in the pool's kind for any task (a command agent's exec unpacks the workspace
+  // there); with the task's workspace in its seeded kind and in a sandbox created here. No put on the
+  // path either way, but for another agent in a sandbox of the kind for any task.
+  const poolSpec: PoolSpec = { ...common, ...(harborSpec ? { harbor: harborSpec, filesBeforeStart: await harborLogsTar() } : { filesBeforeStart: await userFoldersTar(task.workdir) }) };
+  const seededSpec: PoolSpec | undefined = harborSpec ? undefined : {
+    ...common, filesBeforeStart: await archive.partAsTar('workspace', task.workdir, SANDBOX_USER, [{ path: TESTS_DIR, owner: SANDBOX_USER }]),
   };
   // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
   const pool = deps.pool;
@@ -83,17 +87,31 @@ export async function setUp(
   let endSetUp = () => {};
   const setUpDone = new Promise<void>((resolve) => (endSetUp = resolve));
   let claimed: Claimed | undefined;
+  /** Whether the sandbox holds the workspace already (seeded, or written before its start here). */
+  let seeded = false;
   // The pool refills once this set-up is done with the engine (or failed).
   try {
     // (Not a task with services: its sandbox joins the episode's namespace, made for it alone.)
-    claimed = pool?.enabled && task.harbor?.services === undefined
-      ? await deadline.run('claiming a warm sandbox', (signal) => pool.claim(poolSpec, owner, signal, setUpDone), (late) => {
+    if (pool?.enabled && task.harbor?.services === undefined) {
+      claimed = await deadline.run('claiming a warm sandbox', async (signal) => {
+        // A GRPO group runs one task k times: while more of this task wait in the queue, the pool keeps
+        // sandboxes seeded with its workspace (their own kind), else the kind for any task of the image.
+        const more = seededSpec !== undefined && deps.upcoming !== undefined && await deps.upcoming.moreOf(job.taskDigest, job.episodeId);
+        const fromSeeded = seededSpec && await pool.claim(seededSpec, owner, signal, setUpDone, { fill: more, seeded: true });
+        if (fromSeeded !== undefined) {
+          seeded = true;
+          // The task's last one coming: its place goes back to the kind for any task.
+          if (!more) pool.prefill(poolSpec, setUpDone);
+          return fromSeeded;
+        }
+        return pool.claim(poolSpec, owner, signal, setUpDone, { fill: !more });
+      }, (late) => {
         if (late === undefined) return;
         late.refill();
         void removeEnvironment(deps.docker, late.session.containerId, deps.callTimeoutMs).catch(() => undefined);
-      })
-      : undefined;
-    if (claimed !== undefined) lease.attach(claimed.session, { folder: claimed.folder });
+      });
+    }
+    if (claimed !== undefined) lease.attach(claimed.session, { folder: claimed.folder, seeded });
     let proxy: ModelProxy | undefined;
     // A phase with network (allowlist, public) reaches the egress proxy through a socket in the run
     // folder: it must be mounted from the start, though the socket exists only while that phase runs.
@@ -125,10 +143,11 @@ export async function setUp(
     // Task services: their images, the episode's namespace, volumes and sidecars, and what main waits for.
     const services = task.harbor?.services;
     const serviceNetwork = services && await startServices(task, services, archive, runtime.mount, owner, deps, attempt, lease, deadline);
+    if (claimed === undefined && seededSpec !== undefined) seeded = true;
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
       {
-        ...poolSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : runFolder !== undefined ? [runFolder] : [], runtime: deps.sandboxRuntime,
+        ...(seededSpec ?? poolSpec), owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : runFolder !== undefined ? [runFolder] : [], runtime: deps.sandboxRuntime,
         // [environment].env over main's environment of the compose file, as Harbor's env override.
         ...(services && poolSpec.harbor && { harbor: { ...poolSpec.harbor, env: { ...services.main.env, ...poolSpec.harbor.env } } }),
         ...(serviceNetwork && { services: serviceNetwork }),
@@ -141,12 +160,15 @@ export async function setUp(
     if (claimed === undefined) lease.attach(session);
     const { imageId } = session;
     made.imageId = imageId;
+    let workspaceIn: Buffer | undefined;
     if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline);
-    else {
+    else if (!seeded) {
       const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
-      await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
+      // A command agent's own exec unpacks it first (src/agent/command-agent.ts): one engine call fewer.
+      if (job.agent.kind === 'command') workspaceIn = workspace;
+      else await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
     }
-    return { archive, runtime, session, proxy, imageId, image, verifierImage, services: serviceNetwork, task, ...(runFolder !== undefined && { runFolder }) };
+    return { archive, runtime, session, proxy, imageId, image, verifierImage, services: serviceNetwork, task, ...(runFolder !== undefined && { runFolder }), ...(workspaceIn && { workspaceIn }) };
   } finally {
     claimed?.refill();
     endSetUp();

@@ -29,15 +29,26 @@ export type VerifyDeps = Pick<EpisodeDeps, 'evidence' | 'snapshotLimits' | 'log'
 export const TESTS_DIR = '/tests';
 
 /**
- * Written into each of our own tasks' sandboxes before it starts: /tests, the sandbox user's and empty,
- * so that the end-of-turn exec (run as that user) can unpack the tests there. The agent may put
- * things in it while it runs; the end of its turn empties it once none of its processes is left.
+ * Written into each of our own tasks' sandboxes before it starts: /tests and the workdir, the sandbox
+ * user's and empty, so that the end-of-turn exec (run as that user) can unpack the tests in /tests, and
+ * the agent's exec its workspace in the workdir. The agent may put things in /tests while it runs; the
+ * end of its turn empties it once none of its processes is left. (A seeded sandbox has the workspace
+ * itself instead: TaskArchive.partAsTar with /tests before it.)
  */
-export const testsFolderTar: () => Promise<Buffer> = (() => {
-  let made: Promise<Buffer> | undefined;
-  return () => (made ??= tarBuffer((pack) => {
-    pack.entry({ name: `${TESTS_DIR.slice(1)}/`, type: 'directory', mode: 0o755, uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid, mtime: new Date(0) });
-  }));
+export const userFoldersTar: (workdir: string) => Promise<Buffer> = (() => {
+  const made = new Map<string, Promise<Buffer>>();
+  return (workdir) => {
+    let tar = made.get(workdir);
+    if (tar === undefined) {
+      tar = tarBuffer((pack) => {
+        for (const folder of [TESTS_DIR, workdir]) {
+          pack.entry({ name: `${folder.replace(/^\/+/, '').replace(/\/+$/, '')}/`, type: 'directory', mode: 0o755, uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid, mtime: new Date(0) });
+        }
+      });
+      made.set(workdir, tar);
+    }
+    return tar;
+  };
 })();
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
 /**
@@ -60,7 +71,8 @@ const SNAPSHOT_TAR_SLACK_BYTES = 1024 * 1024;
 async function diskFullByAgent(session: SandboxSession, diskMb: number, err: unknown, signal: AbortSignal): Promise<FleetError | undefined> {
   if (!session.diskEnforced) return undefined;
   const message = err instanceof Error ? err.message : String(err);
-  const quota = /disk quota exceeded/i.test(message);
+  // The engine says it in words; node inside the sandbox (the end-of-turn program) knows EDQUOT by its number only.
+  const quota = /disk quota exceeded|\bEDQUOT\b|system error -122\b/i.test(message);
   if (!quota && !/no space left on device/i.test(message)) return undefined;
   if (!quota) {
     const bytes = await session.writableLayerBytes(signal).catch(() => 0);

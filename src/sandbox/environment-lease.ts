@@ -40,6 +40,7 @@ export class EnvironmentLease {
   #environment: string | undefined;
   #session: SandboxSession | undefined;
   #pooled = false;
+  #seeded = false;
   #runFolder: string | undefined;
 
   constructor(private readonly deps: LeaseDeps, private readonly episodeId: string) {}
@@ -59,6 +60,11 @@ export class EnvironmentLease {
     return this.#pooled;
   }
 
+  /** The warm sandbox claimed held this task's workspace already (the pool's kind for the task). */
+  get seeded(): boolean {
+    return this.#seeded;
+  }
+
   /** The host folder bind-mounted into the sandbox (the model proxy's socket is there). */
   get runFolder(): string | undefined {
     return this.#runFolder;
@@ -75,11 +81,12 @@ export class EnvironmentLease {
   }
 
   /** The sandbox's session, opened for this episode or claimed warm from the pool with its folder. */
-  attach(session: SandboxSession, claimed?: { folder: string }): void {
+  attach(session: SandboxSession, claimed?: { folder: string; seeded?: boolean }): void {
     this.#containerId = session.containerId;
     this.#session = session;
     if (claimed !== undefined) {
       this.#pooled = true;
+      this.#seeded = claimed.seeded === true;
       this.#runFolder = claimed.folder;
     }
   }

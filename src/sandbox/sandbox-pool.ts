@@ -66,9 +66,33 @@ interface Warm {
   folder: string;
 }
 
+/** Whether more episodes of a task wait in the queue besides `episodeId` (src/worker/upcoming-tasks.ts). */
+export interface TaskLookahead {
+  moreOf(taskDigest: string, episodeId: string): Promise<boolean>;
+}
+
+/** How a claim treats its kind. */
+export interface ClaimHow {
+  /**
+   * Make the kind when it is new, and fill it after the claim (at once on a miss, else when the
+   * claimer calls refill). False: take a ready one if there is one, make nothing. @default true
+   */
+  fill?: boolean;
+  /**
+   * The kind is one task's (its workspace written before the start): dropped once unclaimed for
+   * SEEDED_IDLE_MS, or at once by a claim that says none more of its task is coming (`fill` false).
+   */
+  seeded?: boolean;
+}
+
+/** A kind seeded with one task's workspace and unclaimed this long is dropped: its task's group is over. */
+export const SEEDED_IDLE_MS = 30_000;
+
 interface Kind {
   key: string;
   spec: PoolSpec;
+  /** Unclaimed this long, the kind is dropped. */
+  idleMs: number;
   ready: Warm[];
   filling: number;
   lastClaimed: number;
@@ -100,12 +124,14 @@ export class SandboxPool {
   private readonly creating = new Set<Promise<void>>();
   private closed = false;
   private readonly sweep: NodeJS.Timeout;
+  private readonly idleMs: number;
 
   constructor(private readonly opts: PoolOptions) {
     const idleMs = opts.idleMs ?? 10 * 60_000;
+    this.idleMs = idleMs;
     this.sweep = setInterval(() => {
-      for (const kind of this.kinds.values()) if (Date.now() - kind.lastClaimed > idleMs) this.drop(kind, 'idle');
-    }, Math.min(idleMs, 60_000));
+      for (const kind of this.kinds.values()) if (Date.now() - kind.lastClaimed > kind.idleMs) this.drop(kind, 'idle');
+    }, Math.min(idleMs, SEEDED_IDLE_MS, 60_000) / 2);
     this.sweep.unref();
   }
 
@@ -129,34 +155,35 @@ export class SandboxPool {
 
   /**
    * A warm sandbox of `spec`'s kind, now `owner`'s, or undefined when none is ready (the caller creates
-   * its own). The kind is refilled in the background either way: on a miss at once, or once
-   * `missRefillAfter` settles (the claimer's set-up is done with the engine).
+   * its own). The kind is refilled in the background (unless `how.fill` is false): on a miss at once,
+   * or once `missRefillAfter` settles (the claimer's set-up is done with the engine).
    */
-  async claim(spec: PoolSpec, owner: SandboxOwner, signal: AbortSignal, missRefillAfter?: Promise<unknown>): Promise<Claimed | undefined> {
+  async claim(spec: PoolSpec, owner: SandboxOwner, signal: AbortSignal, missRefillAfter?: Promise<unknown>, how: ClaimHow = {}): Promise<Claimed | undefined> {
     if (!this.enabled) return undefined;
+    const fill = how.fill ?? true;
     // One runtime generation at a time: sandboxes mounting another are of no use any more.
     for (const kind of this.kinds.values()) if (mountsOf(kind.spec) !== mountsOf(spec)) this.drop(kind, 'runtime generation changed');
     const key = poolKey(spec);
     let kind = this.kinds.get(key);
     if (kind === undefined) {
-      kind = { key, spec, ready: [], filling: 0, lastClaimed: Date.now(), retryAt: 0 };
+      if (!fill) return undefined;
+      kind = { key, spec, idleMs: how.seeded ? Math.min(SEEDED_IDLE_MS, this.idleMs) : this.idleMs, ready: [], filling: 0, lastClaimed: Date.now(), retryAt: 0 };
       this.kinds.set(key, kind);
-      const maxKinds = this.opts.maxKinds ?? 4;
-      if (this.kinds.size > maxKinds) {
-        const oldest = [...this.kinds.values()].filter((k) => k !== kind).sort((a, b) => a.lastClaimed - b.lastClaimed)[0];
-        if (oldest) this.drop(oldest, 'too many kinds');
-      }
+      this.keepKindsWithin(kind);
     }
-    kind.lastClaimed = Date.now();
     const warm = kind.ready.shift();
+    if (warm !== undefined || fill) kind.lastClaimed = Date.now();
+    // None of its task is coming any more: the rest of a seeded kind (ready or being made) goes now.
+    if (!fill && how.seeded) this.drop(kind, 'no more of its task waiting');
     // A miss refills now or once the claimer's set-up is done (it creates its own meanwhile); a hit, when the claimer says.
     if (warm === undefined) {
+      if (!fill) return undefined;
       const missed = kind;
       if (missRefillAfter === undefined) this.fill(missed);
       else void missRefillAfter.finally(() => this.fill(missed)).catch(() => undefined);
       return undefined;
     }
-    let refilled = false;
+    let refilled = !fill;
     const refill = () => {
       if (refilled) return;
       refilled = true;
@@ -174,6 +201,31 @@ export class SandboxPool {
     }
     this.opts.log.debug({ containerId: warm.session.containerId, episodeId: owner.episodeId }, 'warm sandbox claimed');
     return { session: warm.session.adopt(owner), folder: warm.folder, refill };
+  }
+
+  /**
+   * Keep `spec`'s kind warm without claiming from it: made when new, filled once `after` settles. A
+   * claim from a seeded kind whose task is done gives its place back to the kind for any task.
+   */
+  prefill(spec: PoolSpec, after: Promise<unknown>): void {
+    if (!this.enabled) return;
+    const key = poolKey(spec);
+    let kind = this.kinds.get(key);
+    if (kind === undefined) {
+      kind = { key, spec, idleMs: this.idleMs, ready: [], filling: 0, lastClaimed: Date.now(), retryAt: 0 };
+      this.kinds.set(key, kind);
+      this.keepKindsWithin(kind);
+    }
+    const wanted = kind;
+    void after.finally(() => this.fill(wanted)).catch(() => undefined);
+  }
+
+  /** Beyond maxKinds, the least recently claimed kind other than `kept` is dropped. */
+  private keepKindsWithin(kept: Kind): void {
+    const maxKinds = this.opts.maxKinds ?? 4;
+    if (this.kinds.size <= maxKinds) return;
+    const oldest = [...this.kinds.values()].filter((k) => k !== kept).sort((a, b) => a.lastClaimed - b.lastClaimed)[0];
+    if (oldest) this.drop(oldest, 'too many kinds');
   }
 
   private fill(kind: Kind): void {

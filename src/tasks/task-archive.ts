@@ -82,12 +82,16 @@ export class TaskArchive {
 
   /**
    * A tar of the folder `part/` rebased to the absolute folder `dest`, for putArchive at "/": entry
-   * names are relative to "/", owned by `owner`, with the destination folder itself as first entry.
+   * names are relative to "/", owned by `owner`, with the destination folder itself as first entry;
+   * after `folders` (empty folders, each with its owner, mode 0755), when given.
    */
-  async partAsTar(part: string, dest: string, owner: Owner): Promise<Buffer> {
+  async partAsTar(part: string, dest: string, owner: Owner, folders: readonly { path: string; owner: Owner }[] = []): Promise<Buffer> {
     const base = dest.replace(/^\/+/, '').replace(/\/+$/, '');
     const common = { mtime: new Date(0), uid: owner.uid, gid: owner.gid, uname: '', gname: '' };
     return tarBuffer((pack) => {
+      for (const folder of folders) {
+        pack.entry({ ...common, uid: folder.owner.uid, gid: folder.owner.gid, name: `${folder.path.replace(/^\/+/, '').replace(/\/+$/, '')}/`, type: 'directory', mode: 0o755 });
+      }
       pack.entry({ ...common, name: `${base}/`, type: 'directory', mode: 0o755 });
       for (const { header, data } of this.entries) {
         if (!header.name.startsWith(`${part}/`)) continue;

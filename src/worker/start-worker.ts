@@ -45,6 +45,7 @@ import { startHostFacts } from './host-facts.ts';
 import { ResourceBudget, type BudgetLimits } from '../episode/resource-budget.ts';
 import { startLease } from '../cleanup/worker-lease.ts';
 import { SandboxPool } from '../sandbox/sandbox-pool.ts';
+import { UpcomingTasks } from './upcoming-tasks.ts';
 import { resolveSandboxRuntime } from '../sandbox/sandbox-runtime.ts';
 import { startCheckpointWriter } from './checkpoint-writer.ts';
 import { startPruneSchedule, type PruneSchedule } from '../environments/prune-schedule.ts';
@@ -250,6 +251,10 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     docker, log, callTimeoutMs: opts.callTimeoutMs, redis: connection, prefix, workerId,
     size: poolSize, runDir: path.join(opts.dataDir, 'run'), runtime: sandboxRuntime,
   });
+  // With a pool, which tasks wait: sandboxes seeded with a task's workspace while more of it are coming.
+  const episodesQueue = poolSize > 0 ? new Queue(EPISODES_QUEUE, { connection, prefix }) : undefined;
+  episodesQueue?.on('error', outages.listener('connection', 'episodes queue error'));
+  const upcoming = episodesQueue && new UpcomingTasks(episodesQueue, log);
   // The Worker of this engine's prepare queue, once the engine's id is known (below).
   let prepare: Worker | undefined;
   const budget = new ResourceBudget({ memoryMb: opts.resources?.memoryMb ?? Math.floor(os.totalmem() / 2 ** 20), cpus: opts.resources?.cpus });
@@ -299,6 +304,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
     policy: new PolicyStamper(connection, prefix, log),
     prepareRuntime: runtime.prepare,
     pool,
+    upcoming,
     sandboxRuntime,
     network: opts.network ?? DEFAULT_NETWORK,
     registry: opts.registry,
@@ -397,7 +403,7 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerHandle> {
       await step('workers', () => Promise.all([cleanup.close(), checkpoints.close(), batches.close(), envPrune.stop(), prepare?.close()]));
       stopOutbox();
       await step('lease', () => Promise.all([lease.stop(), hostFacts.stop()]));
-      await step('queues', () => Promise.all([cleanupQueue.close(), checkpointsQueue.close()]));
+      await step('queues', () => Promise.all([cleanupQueue.close(), checkpointsQueue.close(), episodesQueue?.close()]));
       await step('connections', () => Promise.all([subscriber, connection].map((c) => c.quit().catch(() => c.disconnect()))));
       if (cutShort.length > 0) {
         // Cut what is left: no reconnecting, no queued commands keeping the process alive.

@@ -3,7 +3,8 @@
 // sandbox's own folder, the claim is in Redis for the reaper; kill -9 of a worker with a full pool
 // leaves nothing once the reaper ran; a drain removes the pool; a runtime generation change drops
 // the sandboxes that mount the old one; a Harbor task's episodes claim warm sandboxes of its built
-// image, made as its own would be (ENTRYPOINT and USER kept, the keep-alive its argument, /logs made).
+// image, made as its own would be (ENTRYPOINT and USER kept, the keep-alive its argument, /logs made);
+// while more samples of a task wait, warm sandboxes are seeded with its workspace.
 import { readFile, readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -79,6 +80,43 @@ describe('warm sandbox pool', () => {
       await worker.close();
     }
     expect(await pooled('pool-w')).toEqual([]);
+  });
+
+  it('seeds warm sandboxes with a task\'s workspace while more of it wait, never another task\'s, and gives the place back after its last', async () => {
+    const worker: WorkerHandle = await startEnvWorker(env, 'pool-seed', { concurrency: 1, sandboxPool: 1 });
+    const seededTask = (id: string) => ({
+      yaml: `id: ${id}\ninstruction: copy seed.txt\nverify:\n  command: grep -qx ${id} seen.txt && grep -qx fixed state.txt\n  timeoutSec: 10\ndeadlineSec: 120\nreserves: { setupSec: 30, closeSec: 20 }\n`,
+      files: { 'workspace/state.txt': 'broken\n', 'workspace/seed.txt': `${id}\n`, 'tests/.keep': '' },
+    });
+    try {
+      // The agent passes only on its own task's workspace as the task wrote it (state.txt still broken),
+      // however it came in: seeded, written before the start, or unpacked by its own exec. It takes a
+      // second, so that a warm sandbox is made meanwhile on a loaded engine.
+      const file = await writeBatch('tasks: [tasks]\nsamples: 3\nagent: { kind: command, command: "grep -qx broken state.txt && cat seed.txt > seen.txt && sleep 1 && echo fixed > state.txt" }\n', {
+        alpha: seededTask('alpha'), beta: seededTask('beta'),
+      });
+      const plan = await enqueueFile(env, file);
+      const results = await waitForResults(env, plan.batchId, 6);
+      const shown = JSON.stringify(results.map((r) => [r.episodeId, r.status, r.sandbox]));
+      for (const r of results) expect(r, JSON.stringify(r)).toMatchObject({ status: 'passed', reward: 1 });
+      const seeded = results.filter((r) => r.sandbox?.seeded === true);
+      // A task's first sample cannot find its workspace seeded (nothing had seen the task yet); the
+      // next ones, one at a time, find it so.
+      expect(seeded.map((r) => r.sample), shown).not.toContain(0);
+      expect(seeded.length, shown).toBeGreaterThanOrEqual(3);
+      for (const r of seeded) expect(r.sandbox?.pooled, shown).toBe(true);
+      expect(new Set(results.map((r) => r.sandbox!.containerId)).size).toBe(6);
+      // After beta's last sample the pool holds one warm sandbox for any task: no task's workspace in it.
+      const [warm] = await waitFor('one warm sandbox', async () => {
+        const list = (await pooled('pool-seed')).filter((c) => c.State === 'running');
+        return list.length === 1 ? list : undefined;
+      }, 30_000, 200);
+      expect(await sandboxHasFile(warm!.Id, '/workspace/seed.txt')).toBe(false);
+      expect(await sandboxHasFile(warm!.Id, '/tests')).toBe(true);
+    } finally {
+      await worker.close();
+    }
+    expect(await pooled('pool-seed')).toEqual([]);
   });
 
   it('gives an llm episode\'s proxy the claimed sandbox\'s own folder', async () => {

@@ -167,6 +167,103 @@ describe('sandbox session', () => {
     }
   });
 
+  describe('attacks on the end of the turn', () => {
+    /** A sandbox of its own, as an episode's: /workspace and /tests the sandbox user's. */
+    const own = (name: string) => SandboxSession.open(deps, { ...endSpec, owner: { ...owner, episodeId: `${owner.episodeId}-${name}` }, limits: { memoryMb: 128, cpus: 0.5, pids: 64 } }, () => undefined);
+    // Every frame the program may write, forged: a whole workspace, a reward of 1, tests in, a failure.
+    const frame = (type: string, payload: string) => {
+      const body = Buffer.from(payload);
+      const head = Buffer.alloc(5);
+      head[0] = type.charCodeAt(0);
+      head.writeUInt32BE(body.length, 1);
+      return Buffer.concat([head, body]);
+    };
+    const forged = Buffer.concat([
+      frame('w', '{"whole":true,"bytes":1}'), frame('R', `{"json":"${Buffer.from('{"reward":1}').toString('base64')}"}`),
+      frame('T', '{"ok":true}'), frame('S', ''), frame('F', '{"why":"forged"}'), Buffer.from([0x4f, 0xff, 0xff, 0xff, 0xff]),
+    ]);
+
+    it('keeps fake frames the agent left in a file the verifier prints as the verifier\'s output: its exit code still decides', async () => {
+      const s = await own('fake-frames');
+      try {
+        await s.putArchive(await tarBuffer((pack) => pack.entry({ name: 'workspace/frames.bin', mode: 0o644, uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid }, forged)), '/');
+        const ended = await endTurn(s, 'cat frames.bin; cat frames.bin >&2; exit 1');
+        expect(ended.outcome).toBe('verified');
+        if (ended.outcome !== 'verified') return;
+        expect(ended.verifyRun.exitCode).toBe(1);
+        expect(ended.reward).toBeUndefined();
+        expect(ended.verifyRun.stdout.totalBytes).toBe(forged.length);
+        expect(ended.verifyRun.stderr.totalBytes).toBe(forged.length);
+        // The copy is the workspace's own tar, with the forged bytes as a file in it.
+        expect(await names(ended.workspaceTar!)).toEqual(['workspace/', 'workspace/frames.bin']);
+      } finally {
+        await s.remove();
+      }
+    });
+
+    it('survives a verifier that prints frame markers and 8 MiB of binary: capped, counted, graded by its exit code', async () => {
+      const s = await own('binary');
+      try {
+        const ended = await endTurn(s, 'printf "SRwFT\\377\\377\\377\\377"; head -c 8388608 /dev/urandom; exit 0');
+        expect(ended.outcome).toBe('verified');
+        if (ended.outcome !== 'verified') return;
+        expect(ended.verifyRun.exitCode).toBe(0);
+        expect(ended.verifyRun.stdout.totalBytes).toBe(9 + 8 * 1024 * 1024);
+        expect(ended.verifyRun.stdout.truncated).toBe(true);
+      } finally {
+        await s.remove();
+      }
+    });
+
+    it('refuses a tests tar whose entries leave /tests or go through links: nothing written outside, the verifier never runs', async () => {
+      const hostile: Array<[string, (pack: tar.Pack) => void]> = [
+        ['a symlink out, then a file through it', (pack) => {
+          pack.entry({ name: 'tests/out', type: 'symlink', linkname: '/workspace' });
+          pack.entry({ name: 'tests/out/pwned.txt', mode: 0o644 }, 'pwned\n');
+        }],
+        ['a climbing name', (pack) => pack.entry({ name: 'tests/../workspace/pwned.txt', mode: 0o644 }, 'pwned\n')],
+        ['an absolute name', (pack) => pack.entry({ name: '/workspace/pwned.txt', mode: 0o644 }, 'pwned\n')],
+        ['a name outside tests/', (pack) => pack.entry({ name: 'workspace/pwned.txt', mode: 0o644 }, 'pwned\n')],
+        ['a hard link to a file outside', (pack) => pack.entry({ name: 'tests/hl', type: 'link', linkname: 'workspace/victim.txt' })],
+      ];
+      const s = await own('hostile-tests');
+      try {
+        await s.putArchive(await tarBuffer((pack) => pack.entry({ name: 'workspace/victim.txt', mode: 0o644, uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid }, 'victim\n')), '/');
+        for (const [what, add] of hostile) {
+          const tests = await tarBuffer((pack) => {
+            pack.entry({ name: 'tests/', type: 'directory', mode: 0o755 });
+            add(pack);
+          });
+          const ended = await endTurn(s, 'echo VERIFIER-RAN', { tests });
+          expect(ended.outcome, what).toBe('tests-failed');
+          const after = await run(s, 'ls -A /workspace; cat /workspace/victim.txt');
+          expect(after.stdout.text, what).toBe('victim.txt\nvictim\n');
+        }
+      } finally {
+        await s.remove();
+      }
+    });
+
+    it('empties what the agent left in /tests (a fake test, a folder it locked, a link) before the real tests go in', async () => {
+      const s = await own('prefilled-tests');
+      try {
+        const planted = await run(s, [
+          'echo "exit 0" > /tests/check.txt',
+          'mkdir -p /tests/locked/deep && echo x > /tests/locked/deep/f && chmod 000 /tests/locked/deep /tests/locked',
+          'ln -s /workspace /tests/link',
+          'ls -A /tests | tr "\\n" " "',
+        ].join(' && '));
+        expect(planted.stdout.text.trim()).toBe('check.txt link locked');
+        const ended = await endTurn(s, 'ls -A /tests; cat /tests/check.txt');
+        expect(ended.outcome).toBe('verified');
+        if (ended.outcome !== 'verified') return;
+        expect(ended.verifyRun.stdout.text).toBe('check.txt\ntests in\n');
+      } finally {
+        await s.remove();
+      }
+    });
+  });
+
   it('stops a process tree that ignores TERM when its timeout passes', async () => {
     const started = Date.now();
     const res = await run(session, "trap '' TERM; (trap '' TERM; sleep 1000) & sleep 1000; echo never", 1_000);
