@@ -17,6 +17,8 @@ import { prepareRuntime, type RuntimeGeneration } from '../../src/runtime/prepar
 import { defaultRuntimeInputs } from '../../src/runtime/runtime-inputs.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
 import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
+import { CommandAgent } from '../../src/agent/command-agent.ts';
+import type { TaskSpec } from '../../src/tasks/task-spec.ts';
 import { SANDBOX_USER } from '../../src/sandbox/sandbox-user.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
 import { buildDashImage, WRITABLE_PATH_DIR } from '../helpers/dash-image.ts';
@@ -262,6 +264,49 @@ describe('sandbox session', () => {
         await s.remove();
       }
     });
+  });
+
+  it("unpacks the workspace in the command agent's own exec, modes kept, and puts it through the engine when the image has no tar", async () => {
+    // The busybox image, and a dash one without tar and head (busybox's ash would run its own applets).
+    const dash = `rollout-fleet/sandbox-test:dash-unpack-${process.pid}`;
+    await buildDashImage(docker, dash);
+    const bare = `rollout-fleet/sandbox-test:no-tar-${process.pid}`;
+    const maker = await docker.createContainer({ Image: dash, Cmd: ['/bin/rm', '-f', '/bin/tar', '/bin/head'], User: '0:0' });
+    await maker.start();
+    await maker.wait();
+    await maker.commit({ repo: bare.split(':')[0], tag: bare.split(':')[1] });
+    await maker.remove();
+    const workspace = await tarBuffer((pack) => {
+      pack.entry({ name: 'workspace/', type: 'directory', mode: 0o755, uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid });
+      pack.entry({ name: 'workspace/run.sh', mode: 0o750, uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid }, 'echo ran >> /tmp/runs\n');
+      pack.entry({ name: 'workspace/sub/', type: 'directory', mode: 0o700, uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid });
+    });
+    try {
+      for (const image of [DEFAULT_IMAGE, bare]) {
+        const s = await SandboxSession.open(deps, { ...endSpec, image, owner: { ...owner, episodeId: `${owner.episodeId}-unpack` } }, () => undefined);
+        try {
+          let puts = 0;
+          const put = s.putArchive.bind(s);
+          s.putArchive = (...args) => {
+            puts += 1;
+            return put(...args);
+          };
+          const ran = await new CommandAgent('sh run.sh; stat -c "%a %u %n" run.sh sub; cat /tmp/runs | wc -l; cat - | wc -c').run({
+            session: s, task: { id: 'unpack', instruction: 'x' } as TaskSpec, archive: undefined as never, ceilingMs: 10_000, outputCapBytes: 64 * 1024,
+            signal: new AbortController().signal, workspaceIn: workspace,
+          });
+          // The agent ran once, on the workspace as the tar said, with nothing left on its stdin.
+          expect(ran.exitCode, `${image}: ${ran.stderr.text}`).toBe(0);
+          expect(ran.stdout.text.trim().split('\n'), image).toEqual(['750 1000 run.sh', '700 1000 sub', '1', '0']);
+          // The engine was asked to put it only where the image has no tar.
+          expect(puts, image).toBe(image === bare ? 1 : 0);
+        } finally {
+          await s.remove();
+        }
+      }
+    } finally {
+      for (const image of [bare, dash]) await docker.getImage(image).remove({ force: true }).catch(() => undefined);
+    }
   });
 
   it('stops a process tree that ignores TERM when its timeout passes', async () => {
