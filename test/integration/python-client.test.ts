@@ -13,8 +13,8 @@
 // - the other calls (upload, create again, status, the batch listing, cancel, retry by kind) and
 //   errors that name the field and the value sent;
 // - examples/trainer/trainer.py, now a short loop on the package, runs against the same batch.
-// Policy versions (set_policy_version/get_policy_version) are not exercised here: the route comes
-// from another branch.
+// - setting and reading an endpoint's policy version, sync and asyncio: versions only move forward (a
+//   lower one is a 409 naming `version`, a negative one a 400), none set yet is None.
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -331,6 +331,24 @@ describe('the Python client package', () => {
     await waitForResults(env, extra, 1, 60_000);
     await waitForNoContainers(extra, 60_000);
   }, 120_000);
+
+  it('sets and reads a policy version, sync and asyncio: forward only, errors naming the field', async () => {
+    const endpoint = `py-policy-${process.pid}`;
+    const report = path.join(scratch, 'policy.json');
+    const ran = await exec(python, [CHECKS, 'policy', '--api', base, '--endpoint', endpoint, '--report', report], { cwd: scratch, env: { ...pipFree(), FLEET_API_TOKEN: TOKEN } });
+    if (ran.code !== 0) console.log(ran.stdout, ran.stderr);
+    expect(ran.code).toBe(0);
+    const out = JSON.parse(await readFile(report, 'utf8')) as Record<string, any>;
+    expect(out.before).toBeNull();
+    expect(out.set3).toMatchObject({ type: 'PolicyVersion', endpoint, version: 3 });
+    expect(Date.parse(out.set3.setAt)).toBeGreaterThan(0);
+    expect(out.get3).toEqual({ version: 3, setAt: out.set3.setAt });
+    expect(out.lower).toMatchObject({ status: 409, field: 'version' });
+    expect(out.negative).toMatchObject({ status: 400, field: 'version', value: -1 });
+    expect(out.async).toEqual({ set5: 5, get5: 5, lower: { status: 409, field: 'version' } });
+    // The fleet's own client sees what the Python one set.
+    expect(await client.getPolicyVersion(endpoint)).toMatchObject({ version: 5 });
+  }, 60_000);
 
   it('runs examples/trainer/trainer.py, a short loop on the package, against the same batch', async () => {
     const trainer = path.join(ROOT, 'examples/trainer/trainer.py');
