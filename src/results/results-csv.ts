@@ -22,6 +22,11 @@ const COLUMNS: [string, (r: EpisodeResult) => unknown][] = [
   ['image_id', (r) => r.provenance.imageId],
   ['agent', (r) => r.provenance.agent.kind],
   ['error_message', (r) => r.error?.message],
+  // The model the episode played and the policy versions its calls were stamped with (first, last).
+  ['model_endpoint', (r) => r.model?.endpoint],
+  ['model_name', (r) => r.model?.name],
+  ['policy_first', (r) => r.policyVersions?.first],
+  ['policy_last', (r) => r.policyVersions?.last],
   // A Harbor reward file's metrics as one JSON object ({"correctness":1,"performance":0.5}); last, so
   // the columns before it keep their places.
   ['metrics', (r) => (r.metrics ? JSON.stringify(r.metrics) : undefined)],

@@ -34,7 +34,17 @@ describe('batch summary', () => {
 
   it('writes CSV with quoting', () => {
     const csv = resultsCsv([result('c', 1, 'error', null, 400)]).split('\n');
-    expect(csv[1]).toMatch(/^b\.c\.1,b,c,1,error,infra,docker_timeout,,1,w,40,,,,400,,d,,oracle,"slow, ""very""",$/);
+    expect(csv[1]).toMatch(/^b\.c\.1,b,c,1,error,infra,docker_timeout,,1,w,40,,,,400,,d,,oracle,"slow, ""very""",,,,,$/);
+  });
+
+  it('names the model and the policy versions in the CSV', () => {
+    const played: EpisodeResult = {
+      ...result('m', 0, 'passed', 1, 100),
+      model: { endpoint: 'eval-b', name: 'qwen3-8b' }, policyVersions: { endpoint: 'eval-b', first: 3, last: 5, seen: [3, 4, 5] },
+    };
+    const [header, row] = resultsCsv([played]).split('\n');
+    const cells = Object.fromEntries(header!.split(',').map((name, i) => [name, row!.split(',')[i]]));
+    expect(cells).toMatchObject({ model_endpoint: 'eval-b', model_name: 'qwen3-8b', policy_first: '3', policy_last: '5', metrics: '' });
   });
 
   it('keeps float rewards and reward-file metrics: means per metric, in the summary and the CSV', () => {
