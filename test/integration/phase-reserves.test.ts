@@ -240,29 +240,30 @@ describe('phase reserves (issue 9)', () => {
     await waitFor('no sandbox of the batch', async () => (await fleetContainers('batch', plan.batchId)).length === 0, 60_000, 200);
   });
 
-  it('verify with the tests copy hung ends within its reserve as an infra error, never a reward', async () => {
+  it('verify with the end of the turn\'s exec hung ends within its reserve as an infra error, never a reward', async () => {
     const plan = await enqueueFile(env, await batch('verify-docker', COMMAND_AGENT, { deadlineSec: 60, reserves: SMALL, verifyTimeoutSec: 5 }));
     const episodeId = plan.jobs[0]!.episodeId;
-    // The workspace goes in by the first archive PUT of a container, the tests by the second.
-    const puts = new Map<string, number>();
+    // The agent is a container's first exec; every exec after it (the end of the turn, which carries
+    // the tests in, and its tries after a restart) is held.
+    const execs = new Map<string, number>();
     docker.hold((method, p) => {
-      const m = /^\/containers\/([0-9a-f]+)\/archive/.exec(p);
-      if (method !== 'PUT' || !m) return false;
-      const n = (puts.get(m[1]!) ?? 0) + 1;
-      puts.set(m[1]!, n);
-      return n === 2;
+      const m = /^\/containers\/([0-9a-f]+)\/exec$/.exec(p.split('?')[0]!);
+      if (method !== 'POST' || !m) return false;
+      const n = (execs.get(m[1]!) ?? 0) + 1;
+      execs.set(m[1]!, n);
+      return n >= 2;
     });
     await start('verify-docker-w');
 
     const { result: first, seenAt } = await waitForAttempt(env, episodeId, 1, 90_000);
     const held = docker.held[0];
     const fromHeldMs = held === undefined ? undefined : seenAt - held.at;
-    console.info(`[verify, tests archive PUT held, callTimeoutMs ${CALL_TIMEOUT_MS}, verifySec ${SMALL.verifySec}, closeSec ${SMALL.closeSec}] attempt 1: ${first.status}/${first.error?.kind ?? '-'} ` +
-      `(${first.error?.code ?? ''}) reward ${String(first.reward)}; verifyMs ${secs(first.timings.verifyMs)}, closeMs ${secs(first.timings.closeMs)}; held PUT to result.json ${secs(fromHeldMs)}; ` +
+    console.info(`[verify, the end of the turn's exec held, callTimeoutMs ${CALL_TIMEOUT_MS}, verifySec ${SMALL.verifySec}, closeSec ${SMALL.closeSec}] attempt 1: ${first.status}/${first.error?.kind ?? '-'} ` +
+      `(${first.error?.code ?? ''}) reward ${String(first.reward)}; verifyMs ${secs(first.timings.verifyMs)}, closeMs ${secs(first.timings.closeMs)}; held exec to result.json ${secs(fromHeldMs)}; ` +
       `held call given up after ${held?.abandonedAt === undefined ? 'never (still open)' : secs(held.abandonedAt - held.at)}`);
     expect(held).toBeDefined();
-    // From outside: verify was under way when the PUT was held; it and the close end within their reserves.
-    expect.soft(fromHeldMs, 'held PUT to attempt-1/result.json (ms)').toBeLessThanOrEqual((SMALL.verifySec + SMALL.closeSec) * 1000 + SLACK_MS);
+    // From outside: verify was under way when the exec was held; it and the close end within their reserves.
+    expect.soft(fromHeldMs, 'held exec to attempt-1/result.json (ms)').toBeLessThanOrEqual((SMALL.verifySec + SMALL.closeSec) * 1000 + SLACK_MS);
     expect.soft(first).toMatchObject({ status: 'error', reward: null, error: { kind: 'infra' } });
     if (first.timings.verifyMs !== undefined) expect.soft(first.timings.verifyMs).toBeLessThanOrEqual(SMALL.verifySec * 1000 + SLACK_MS);
     // Not graded: no result while the retry has not run.

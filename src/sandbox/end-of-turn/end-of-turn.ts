@@ -12,7 +12,7 @@ import { FRAME, FrameReader } from './frames.ts';
 import type { EndOfTurnConfig } from './end-of-turn-main.ts';
 
 /** Where the program sits inside the runtime generation (sandbox-programs.ts bundles it there). */
-export const END_OF_TURN_PATH = 'agent/end-of-turn.mjs';
+export const END_OF_TURN_PATH = 'agent/end-of-turn.cjs';
 /** The sweep, the copy and the tests' unpacking together get this long before the verifier starts. */
 export const END_OF_TURN_PREPARE_MS = 30_000;
 
