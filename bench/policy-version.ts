@@ -101,7 +101,8 @@ async function child(args: ChildArgs): Promise<void> {
   await Promise.all(proxies.map((p) => p.close()));
   await redis.quit();
   const report: ChildReport = { stamps, callMs, stampMs };
-  process.stdout.write(`${JSON.stringify(report)}\n`);
+  // A report of some 100 kB to a pipe: written out before the process exits (process.exit would cut it).
+  await new Promise<void>((resolve, reject) => process.stdout.write(`${JSON.stringify(report)}\n`, (err) => (err ? reject(err) : resolve())));
 }
 
 if (values.child !== undefined) {

@@ -162,8 +162,9 @@ export async function setUp(
     made.imageId = imageId;
     let workspaceIn: Buffer | undefined;
     if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline);
-    else if (!seeded) {
-      const workspace = await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
+    else if (!seeded && seededSpec?.filesBeforeStart !== undefined) {
+      // The seeded tar: /tests (the sandbox user's already, as it is) and the workspace.
+      const workspace = seededSpec.filesBeforeStart;
       // A command agent's own exec unpacks it first (src/agent/command-agent.ts): one engine call fewer.
       if (job.agent.kind === 'command') workspaceIn = workspace;
       else await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));

@@ -15,6 +15,12 @@
 // fixed at creation, name no episode), so the reaper can salvage and remove it like any other. A
 // runtime generation change drops the kinds that mount the old one; kinds unclaimed for `idleMs` and
 // the least recently claimed beyond `maxKinds` are dropped too; drain() removes everything.
+//
+// A kind may be one task's: its sandboxes hold the task's workspace, written before the start (the
+// kind's key covers those bytes), so a GRPO group's samples go straight to the agent. The claimer says
+// whether more of the task are coming (src/worker/upcoming-tasks.ts): while they are, the seeded kind
+// is made and filled; the claim that says none more drops what is left of it (and the episode warms
+// the kind for any task in its place, prefill); a seeded kind unclaimed for SEEDED_IDLE_MS goes too.
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
@@ -167,9 +173,7 @@ export class SandboxPool {
     let kind = this.kinds.get(key);
     if (kind === undefined) {
       if (!fill) return undefined;
-      kind = { key, spec, idleMs: how.seeded ? Math.min(SEEDED_IDLE_MS, this.idleMs) : this.idleMs, ready: [], filling: 0, lastClaimed: Date.now(), retryAt: 0 };
-      this.kinds.set(key, kind);
-      this.keepKindsWithin(kind);
+      kind = this.newKind(key, spec, how.seeded ? Math.min(SEEDED_IDLE_MS, this.idleMs) : this.idleMs);
     }
     const warm = kind.ready.shift();
     if (warm !== undefined || fill) kind.lastClaimed = Date.now();
@@ -210,22 +214,20 @@ export class SandboxPool {
   prefill(spec: PoolSpec, after: Promise<unknown>): void {
     if (!this.enabled) return;
     const key = poolKey(spec);
-    let kind = this.kinds.get(key);
-    if (kind === undefined) {
-      kind = { key, spec, idleMs: this.idleMs, ready: [], filling: 0, lastClaimed: Date.now(), retryAt: 0 };
-      this.kinds.set(key, kind);
-      this.keepKindsWithin(kind);
-    }
-    const wanted = kind;
-    void after.finally(() => this.fill(wanted)).catch(() => undefined);
+    const kind = this.kinds.get(key) ?? this.newKind(key, spec, this.idleMs);
+    void after.finally(() => this.fill(kind)).catch(() => undefined);
   }
 
-  /** Beyond maxKinds, the least recently claimed kind other than `kept` is dropped. */
-  private keepKindsWithin(kept: Kind): void {
+  /** A kind made now; beyond maxKinds, the least recently claimed other one is dropped. */
+  private newKind(key: string, spec: PoolSpec, idleMs: number): Kind {
+    const kind: Kind = { key, spec, idleMs, ready: [], filling: 0, lastClaimed: Date.now(), retryAt: 0 };
+    this.kinds.set(key, kind);
     const maxKinds = this.opts.maxKinds ?? 4;
-    if (this.kinds.size <= maxKinds) return;
-    const oldest = [...this.kinds.values()].filter((k) => k !== kept).sort((a, b) => a.lastClaimed - b.lastClaimed)[0];
-    if (oldest) this.drop(oldest, 'too many kinds');
+    if (this.kinds.size > maxKinds) {
+      const oldest = [...this.kinds.values()].filter((k) => k !== kind).sort((a, b) => a.lastClaimed - b.lastClaimed)[0];
+      if (oldest) this.drop(oldest, 'too many kinds');
+    }
+    return kind;
   }
 
   private fill(kind: Kind): void {
