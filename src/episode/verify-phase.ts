@@ -157,6 +157,11 @@ export async function verify(
     }
     if (end.outcome === 'failed') throw new FleetError('docker_error', `the end of the agent's turn failed before the verifier: ${end.why}`);
     const { verifyRun } = end;
+    // The sandbox itself went under the verifier, not by an OOM kill (under gVisor its runtime was seen
+    // to exit under load: exit 2, "shim disconnected"): not the verifier's doing, and not a grade.
+    if (verifyRun.sandboxStopped && session.oomKilledSoFar() !== true) {
+      throw new FleetError('sandbox_lost', 'the sandbox stopped under the verifier (not by an OOM kill): the engine or its runtime ended it');
+    }
     const status = (reward: number) => (agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed');
     if (rewardFile) {
       if (end.reward?.notRegular !== undefined) throw new FleetError('reward_file_invalid', `the verifier's ${end.reward.notRegular} is not a regular file`);

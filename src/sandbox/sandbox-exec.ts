@@ -50,6 +50,8 @@ export interface ExecOptions {
 export interface ExecResult {
   /** null when the process was killed before it reported one. */
   exitCode: number | null;
+  /** The sandbox stopped under the exec (its init died, an OOM kill under gVisor, the runtime itself exited). */
+  sandboxStopped?: true;
   /** The timeout passed and the process tree was stopped. */
   timedOut: boolean;
   /** The caller's signal aborted (cancellation, drain) and the process tree was stopped. */
@@ -131,6 +133,7 @@ export async function execIn(target: ExecTarget, command: string, opts: ExecOpti
   }
   return {
     exitCode,
+    ...(first === 'died' && { sandboxStopped: true as const }),
     timedOut,
     aborted,
     stdout: stdout.result(),

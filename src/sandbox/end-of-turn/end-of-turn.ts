@@ -143,6 +143,7 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
   const timedOut = verifierTimer.signal.aborted;
   const verifyRun: ExecResult = {
     exitCode: timedOut ? null : run.exitCode,
+    ...(run.sandboxStopped && { sandboxStopped: true as const }),
     timedOut,
     aborted: false,
     stdout: stdout.result(),
