@@ -17,8 +17,8 @@ import { constants as fsConstants } from 'node:fs';
 import { chmod, lstat, mkdir, open, readdir, readlink, rm, symlink, link, utimes } from 'node:fs/promises';
 import { constants as osConstants } from 'node:os';
 import { posix } from 'node:path';
-import tar from 'tar-stream';
 import { FRAME, MAX_FRAME_BYTES, encodeFrame, jsonFrame, type FrameType } from './frames.ts';
+import { MAX_USTAR_SIZE, TAR_END, dataPadding, readTar, tarHeader } from './mini-tar.ts';
 
 export interface EndOfTurnConfig {
   workdir: string;
@@ -84,97 +84,79 @@ async function resetVerifierLogs(): Promise<boolean> {
   return now !== undefined && now.isDirectory() && (await readdir('/logs/verifier').catch(() => ['?'])).length === 0;
 }
 
-/** Thrown into the walk once the copy is cut: nothing more is read. */
-class CopyCut extends Error {}
-
 /** The workspace as a tar on stdout, in frames; whether it came whole. Past `capBytes` the copy is
- * cut: the walk stops reading (a 16 GiB sparse file is not read to its end) and the copy is not whole. */
+ * cut: the walk stops (a 16 GiB sparse file is not read at all) and the copy is not whole. */
 async function copyWorkspace(workdir: string, capBytes: number): Promise<{ whole: boolean; bytes: number; why?: string }> {
   const parent = posix.dirname(workdir);
   const base = posix.basename(workdir);
-  const pack = tar.pack();
-  let why: string | undefined;
-  let cut = false;
-  const cutShort = (reason: string): void => {
-    if (cut) return;
-    cut = true;
-    why ??= reason;
-    pack.destroy();
+  let bytes = 0;
+  let pending: Buffer[] = [];
+  let pendingBytes = 0;
+  const flush = async (): Promise<void> => {
+    if (pendingBytes === 0) return;
+    const chunk = Buffer.concat(pending, pendingBytes);
+    pending = [];
+    pendingBytes = 0;
+    await writeChunks(FRAME.workspace, chunk);
   };
-  /** One entry of the pack, settled when it is written, or when the pack is cut (never left waiting). */
-  const addEntry = (header: Parameters<typeof pack.entry>[0], body?: (entry: ReturnType<typeof pack.entry>) => Promise<void>): Promise<void> => {
-    if (cut) throw new CopyCut();
-    return new Promise<void>((resolve, reject) => {
-      const entry = pack.entry(header, (err) => (err ? reject(cut ? new CopyCut() : err) : resolve()));
-      entry.on('error', () => undefined);
-      if (body === undefined) return;
-      body(entry).then(() => entry.end(Buffer.alloc(0)), (err: unknown) => {
-        entry.destroy();
-        reject(err);
-      });
-    });
+  /** Bytes of the tar, batched into frames of up to MAX_FRAME_BYTES. */
+  const out = async (chunk: Buffer): Promise<void> => {
+    bytes += chunk.length;
+    pending.push(chunk);
+    pendingBytes += chunk.length;
+    if (pendingBytes >= MAX_FRAME_BYTES) await flush();
+  };
+  class Cut extends Error {}
+  /** An entry of `more` bytes (headers and data) would pass the cap: the copy is cut here. */
+  const fits = (more: number): void => {
+    if (bytes + more + TAR_END.length > capBytes) throw new Cut(`the copy passed ${capBytes} bytes`);
   };
   const walk = async (rel: string): Promise<void> => {
     const abs = posix.join(parent, rel);
     const st = await lstat(abs);
-    const header = { name: rel, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, mtime: st.mtime };
+    const common = { mode: st.mode & 0o7777, uid: st.uid, gid: st.gid, mtime: Math.floor(st.mtimeMs / 1000), size: 0 };
     if (st.isDirectory()) {
-      await addEntry({ ...header, name: `${rel}/`, type: 'directory' });
+      const header = tarHeader({ ...common, name: `${rel}/`, type: 'directory' });
+      fits(header.length);
+      await out(header);
       const names = (await readdir(abs)).sort();
       for (const name of names) await walk(posix.join(rel, name));
     } else if (st.isSymbolicLink()) {
-      await addEntry({ ...header, type: 'symlink', linkname: await readlink(abs) });
+      const header = tarHeader({ ...common, name: rel, type: 'symlink', linkname: await readlink(abs) });
+      fits(header.length);
+      await out(header);
     } else if (st.isFile()) {
+      if (st.size > MAX_USTAR_SIZE) throw new Cut(`${rel} is ${st.size} bytes`);
+      const header = tarHeader({ ...common, name: rel, type: 'file', size: st.size });
+      fits(header.length + st.size + dataPadding(st.size).length);
       const fh = await open(abs, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW);
       try {
-        await addEntry({ ...header, type: 'file', size: st.size }, async (entry) => {
-          let left = st.size;
-          const buf = Buffer.alloc(Math.min(256 * 1024, Math.max(1, st.size)));
-          while (left > 0) {
-            if (cut) throw new CopyCut();
-            const { bytesRead } = await fh.read(buf, 0, Math.min(buf.length, left), null);
-            if (bytesRead === 0) throw new Error(`${abs} shrank while it was read`);
-            left -= bytesRead;
-            if (!entry.write(Buffer.from(buf.subarray(0, bytesRead)))) {
-              await new Promise<void>((resolve) => {
-                const settle = (): void => {
-                  entry.off('drain', settle);
-                  entry.off('close', settle);
-                  resolve();
-                };
-                entry.on('drain', settle);
-                entry.on('close', settle);
-              });
-            }
-          }
-        });
+        await out(header);
+        let left = st.size;
+        while (left > 0) {
+          const buf = Buffer.allocUnsafe(Math.min(256 * 1024, left));
+          const { bytesRead } = await fh.read(buf, 0, buf.length, null);
+          if (bytesRead === 0) throw new Error(`${abs} shrank while it was read`);
+          left -= bytesRead;
+          await out(buf.subarray(0, bytesRead));
+        }
+        await out(dataPadding(st.size));
       } finally {
         await fh.close();
       }
     }
     // Sockets, FIFOs and devices are not workspace content: left out, as the evidence extraction would.
   };
-  const producing = walk(base).then(
-    () => {
-      if (!cut) pack.finalize();
-    },
-    (err: unknown) => cutShort(err instanceof CopyCut ? (why ?? 'cut') : errText(err)),
-  );
-  let bytes = 0;
   try {
-    for await (const chunk of pack as AsyncIterable<Buffer>) {
-      bytes += chunk.length;
-      if (bytes > capBytes) {
-        cutShort(`the copy passed ${capBytes} bytes`);
-        break;
-      }
-      await writeChunks(FRAME.workspace, chunk);
-    }
+    await walk(base);
+    await out(TAR_END);
+    await flush();
+    return { whole: true, bytes };
   } catch (err) {
-    cutShort(errText(err));
+    // What was written of it is not a copy: the worker drops it and asks the engine at close.
+    await flush().catch(() => undefined);
+    return { whole: false, bytes, why: errText(err) };
   }
-  await producing;
-  return { whole: !cut && bytes > 0, bytes, ...(why !== undefined && { why }) };
 }
 
 /** The payload on stdin: an 8-byte big-endian length, then that many bytes (stdin need not end). */
@@ -217,58 +199,47 @@ async function unpackTests(tarBytes: Buffer, dir: string): Promise<void> {
       made.add(sub);
     }
   };
-  const extract = tar.extract();
-  const done = (async () => {
-    for await (const entry of extract) {
-      const h = entry.header;
-      const rel = within(h.name);
-      const target = rel === '' ? dir : posix.join(dir, rel);
-      const mode = (h.mode ?? 0o644) & 0o777;
-      const mtime = h.mtime ?? new Date(0);
-      if (h.type === 'directory') {
-        if (rel !== '') {
-          await parentsOf(rel);
-          if (!made.has(rel)) {
-            await mkdir(target, { mode: 0o755 });
-            made.add(rel);
-          }
+  for (const { header: h, data } of readTar(tarBytes)) {
+    const rel = within(h.name);
+    const target = rel === '' ? dir : posix.join(dir, rel);
+    const mode = h.mode & 0o777;
+    const mtime = new Date(h.mtime * 1000);
+    if (h.type === 'directory') {
+      if (rel !== '') {
+        await parentsOf(rel);
+        if (!made.has(rel)) {
+          await mkdir(target, { mode: 0o755 });
+          made.add(rel);
         }
-        dirModes.push([target, (h.mode ?? 0o755) & 0o777, mtime]);
-        entry.resume();
-      } else if (h.type === 'file' || h.type === 'contiguous-file') {
-        if (rel === '') throw new Error('the tests folder itself is a file in the tests tar');
-        await parentsOf(rel);
-        await rm(target, { force: true, recursive: true });
-        const fh = await open(target, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | fsConstants.O_NOFOLLOW, 0o600);
-        try {
-          for await (const chunk of entry as AsyncIterable<Buffer>) await fh.write(chunk);
-        } finally {
-          await fh.close();
-        }
-        await chmod(target, mode);
-        await utimes(target, mtime, mtime);
-      } else if (h.type === 'symlink') {
-        if (rel === '') throw new Error('the tests folder itself is a link in the tests tar');
-        await parentsOf(rel);
-        await rm(target, { force: true, recursive: true });
-        // A link is unpacked as a link: nothing is written through it (no later entry goes through it).
-        await symlink(h.linkname ?? '', target);
-        entry.resume();
-      } else if (h.type === 'link') {
-        await parentsOf(rel);
-        const from = posix.join(dir, within(h.linkname ?? ''));
-        const st = await lstat(from);
-        if (!st.isFile()) throw new Error(`tests hard link ${JSON.stringify(h.name)} names no file of the tests`);
-        await rm(target, { force: true, recursive: true });
-        await link(from, target);
-        entry.resume();
-      } else {
-        entry.resume();
       }
+      dirModes.push([target, h.mode & 0o777, mtime]);
+    } else if (h.type === 'file') {
+      if (rel === '') throw new Error('the tests folder itself is a file in the tests tar');
+      await parentsOf(rel);
+      await rm(target, { force: true, recursive: true });
+      const fh = await open(target, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | fsConstants.O_NOFOLLOW, 0o600);
+      try {
+        await fh.writeFile(data);
+      } finally {
+        await fh.close();
+      }
+      await chmod(target, mode);
+      await utimes(target, mtime, mtime);
+    } else if (h.type === 'symlink') {
+      if (rel === '') throw new Error('the tests folder itself is a link in the tests tar');
+      await parentsOf(rel);
+      await rm(target, { force: true, recursive: true });
+      // A link is unpacked as a link: nothing is written through it (no later entry goes through it).
+      await symlink(h.linkname ?? '', target);
+    } else if (h.type === 'link') {
+      await parentsOf(rel);
+      const from = posix.join(dir, within(h.linkname ?? ''));
+      const st = await lstat(from);
+      if (!st.isFile()) throw new Error(`tests hard link ${JSON.stringify(h.name)} names no file of the tests`);
+      await rm(target, { force: true, recursive: true });
+      await link(from, target);
     }
-  })();
-  extract.end(tarBytes);
-  await done;
+  }
   for (const [target, mode, mtime] of dirModes.reverse()) {
     await chmod(target, mode);
     await utimes(target, mtime, mtime);
