@@ -11,6 +11,8 @@ import type { TaskLookahead } from '../sandbox/sandbox-pool.ts';
 export const LOOK_AHEAD = 32;
 /** How old a look may be before the next question reads the queue again. */
 export const FRESH_MS = 500;
+/** How long one read may take before it counts as unread. */
+export const READ_BOUND_MS = 1_000;
 
 export class UpcomingTasks implements TaskLookahead {
   /** Waiting episodes by task digest, and their ids. */
@@ -35,7 +37,12 @@ export class UpcomingTasks implements TaskLookahead {
   private async read(): Promise<void> {
     const waiting = new Map<string, Set<string>>();
     try {
-      const jobs = await this.queue.getJobs(['waiting', 'prioritized'], 0, LOOK_AHEAD - 1, true);
+      // A slow Redis holds no claim back: past READ_BOUND_MS the look is "none waiting" this time.
+      let bound: NodeJS.Timeout | undefined;
+      const jobs = await Promise.race([
+        this.queue.getJobs(['waiting', 'prioritized'], 0, LOOK_AHEAD - 1, true),
+        new Promise<never>((_, reject) => (bound = setTimeout(() => reject(new Error(`no answer in ${READ_BOUND_MS} ms`)), READ_BOUND_MS))),
+      ]).finally(() => clearTimeout(bound));
       for (const job of jobs) {
         const data: unknown = job?.data;
         if (typeof data !== 'object' || data === null) continue;

@@ -1,12 +1,13 @@
 // Which tasks wait in the episodes queue (src/worker/upcoming-tasks.ts), read from a real BullMQ queue
 // on a private Redis: more of a task waiting besides the asker, none once they started, the look
-// bounded, and a queue that cannot be read answering "none".
+// bounded, and a queue that cannot be read, or never answers, answering "none".
+import net from 'node:net';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startPrivateRedis, type PrivateRedis } from '../../src/cli/private-redis.ts';
 import { EPISODES_QUEUE } from '../../src/episode/episode-job.ts';
-import { LOOK_AHEAD, UpcomingTasks } from '../../src/worker/upcoming-tasks.ts';
+import { LOOK_AHEAD, READ_BOUND_MS, UpcomingTasks } from '../../src/worker/upcoming-tasks.ts';
 import { silentLog } from '../helpers/fleet.ts';
 
 const digest = (c: string) => c.repeat(64);
@@ -56,6 +57,26 @@ describe('upcoming tasks', () => {
     await add('x.d.2', digest('d'));
     expect(await upcoming.moreOf(digest('e'), 'x.e.0')).toBe(true);
     expect(await upcoming.moreOf(digest('d'), 'x.d.1')).toBe(false);
+  });
+
+  it('answers none waiting within its bound when Redis takes the question and never answers', async () => {
+    // A loopback server that accepts and says nothing: every command waits for ever.
+    const held: net.Socket[] = [];
+    const silent = net.createServer((socket) => held.push(socket));
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    const { port } = silent.address() as net.AddressInfo;
+    const mute = new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: null, enableReadyCheck: false });
+    const away = new Queue(EPISODES_QUEUE, { connection: mute, prefix: 'upcoming-test' });
+    away.on('error', () => undefined);
+    try {
+      const asked = performance.now();
+      expect(await new UpcomingTasks(away, silentLog, 0).moreOf(digest('a'), 'b.a.0')).toBe(false);
+      expect(performance.now() - asked).toBeLessThan(READ_BOUND_MS + 1_000);
+    } finally {
+      mute.disconnect();
+      for (const socket of held) socket.destroy();
+      await new Promise<void>((resolve) => silent.close(() => resolve()));
+    }
   });
 
   it('answers none waiting when the queue cannot be read', async () => {
