@@ -185,9 +185,16 @@ describe('task services against hostile sidecars, hooks and artifacts', () => {
       const filler = parts.find((c) => c.Labels[LABEL.environmentRole] === 'service');
       const main = parts.find((c) => c.Labels[LABEL.environmentRole] === 'main');
       if (!filler || !main || !(await sandboxHasFile(filler.Id, '/tmp/fill-done')) || !(await sandboxHasFile(main.Id, '/tmp/agent-wrote'))) return undefined;
-      const report = `${(await execIn(filler.Id, ['cat', '/tmp/fill-report'])).out.trim()} agent=${(await execIn(main.Id, ['cat', '/tmp/agent-wrote'])).out.trim()}`;
-      await execIn(main.Id, ['touch', '/tmp/go']);
-      return { report };
+      // The fleet may end the episode (and remove its containers) between the listing and these execs:
+      // then the next poll finds its result.
+      try {
+        const report = `${(await execIn(filler.Id, ['cat', '/tmp/fill-report'])).out.trim()} agent=${(await execIn(main.Id, ['cat', '/tmp/agent-wrote'])).out.trim()}`;
+        await execIn(main.Id, ['touch', '/tmp/go']);
+        return { report };
+      } catch (err) {
+        if ((err as { statusCode?: number }).statusCode === 404 || (err as { statusCode?: number }).statusCode === 409) return undefined;
+        throw err;
+      }
     }, 180_000, 300);
     const byTask = await finish(plan.batchId, 1);
     const r = byTask.get('disk-fill')![0]!;
