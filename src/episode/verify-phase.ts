@@ -158,8 +158,12 @@ export async function verify(
     if (end.outcome === 'failed') throw new FleetError('docker_error', `the end of the agent's turn failed before the verifier: ${end.why}`);
     const { verifyRun } = end;
     // The sandbox itself went under the verifier, not by an OOM kill (under gVisor its runtime was seen
-    // to exit under load: exit 2, "shim disconnected"): not the verifier's doing, and not a grade.
-    if (verifyRun.sandboxStopped && session.oomKilledSoFar() !== true) {
+    // to lose it: exit 2, "shim disconnected", the exec ending with no code or runsc's own 128): not the
+    // verifier's doing, and not a grade. Only such an ending costs an inspect.
+    const endedOddly = !verifyRun.timedOut && (verifyRun.exitCode === null || verifyRun.exitCode >= 128);
+    const stopped = verifyRun.sandboxStopped === true
+      || (endedOddly && (await deadline.run('checking the sandbox', (signal) => session.state(signal)).then((s) => !s.running, () => false)));
+    if (stopped && session.oomKilledSoFar() !== true) {
       throw new FleetError('sandbox_lost', 'the sandbox stopped under the verifier (not by an OOM kill): the engine or its runtime ended it');
     }
     const status = (reward: number) => (agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed');

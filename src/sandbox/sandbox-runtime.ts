@@ -15,12 +15,16 @@ export interface SandboxRuntime {
 
 /**
  * gVisor (ptrace platform) runs each process of the sandbox on host threads of its own, beside the
- * Sentry's: measured here, about 57 host pids for an idle sandbox and 7 to 8 more per process started
- * in it. The engine's pids limit, which counts host pids, is widened by as much, so a sandbox of
- * `pids` processes fits and a fork bomb is still stopped near that many.
+ * Sentry's: measured here, 57 host pids for an idle sandbox and about 11 more per process running at
+ * once (20 sleeps: 274), which stay after those processes end (310 once they were killed); the end of
+ * the agent's turn (node, its threads, the verifier's shell) peaks at about 64 more (121 in a fresh
+ * sandbox). The engine's pids limit, which counts host pids, is widened by as much, so a sandbox of
+ * `pids` processes fits and a fork bomb is still stopped near that many. With 64 + 8 x pids (the first
+ * measure, before the end of the turn ran node), a sandbox of 32 hit its 320 under load and runsc lost
+ * it ("urpc method containerManager.WaitPID failed: EOF", the container exiting 2).
  */
-export const GVISOR_HOST_PIDS_BASE = 64;
-export const GVISOR_HOST_PIDS_PER_PROCESS = 8;
+export const GVISOR_HOST_PIDS_BASE = 160;
+export const GVISOR_HOST_PIDS_PER_PROCESS = 12;
 
 /** PidsLimit of a sandbox allowed `pids` processes, under `runtime`. */
 export function enginePidsLimit(pids: number, runtime: SandboxRuntime | undefined): number {
