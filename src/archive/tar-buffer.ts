@@ -24,3 +24,8 @@ export async function tarBuffer(add: (pack: tar.Pack) => void): Promise<Buffer> 
   pack.finalize();
   return collectBytes(pack);
 }
+
+/** An absolute folder of the sandbox as a tar entry's name for putArchive at "/": "/tests" is "tests/". */
+export function tarFolderName(folder: string): string {
+  return `${folder.replace(/^\/+/, '').replace(/\/+$/, '')}/`;
+}

@@ -13,7 +13,7 @@ import type { AgentRun } from '../agent/agent.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import { keepWorkspaceEarly } from '../evidence/workspace-copy.ts';
-import { tarBuffer } from '../archive/tar-buffer.ts';
+import { tarBuffer, tarFolderName } from '../archive/tar-buffer.ts';
 import { SANDBOX_USER, type SandboxSession } from '../sandbox/sandbox-session.ts';
 import { passes } from '../tasks/batch-spec.ts';
 import { HARBOR_VERIFIER_RESET } from './harbor-checks.ts';
@@ -42,7 +42,7 @@ export const userFoldersTar: (workdir: string) => Promise<Buffer> = (() => {
     if (tar === undefined) {
       tar = tarBuffer((pack) => {
         for (const folder of [TESTS_DIR, workdir]) {
-          pack.entry({ name: `${folder.replace(/^\/+/, '').replace(/\/+$/, '')}/`, type: 'directory', mode: 0o755, uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid, mtime: new Date(0) });
+          pack.entry({ name: tarFolderName(folder), type: 'directory', mode: 0o755, uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid, mtime: new Date(0) });
         }
       });
       made.set(workdir, tar);

@@ -4,7 +4,7 @@ import { createHash } from 'node:crypto';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import tar from 'tar-stream';
-import { collectBytes, tarBuffer } from '../archive/tar-buffer.ts';
+import { collectBytes, tarBuffer, tarFolderName } from '../archive/tar-buffer.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 
 interface ArchiveEntry {
@@ -86,11 +86,11 @@ export class TaskArchive {
    * after `folders` (empty folders, each with its owner, mode 0755), when given.
    */
   async partAsTar(part: string, dest: string, owner: Owner, folders: readonly { path: string; owner: Owner }[] = []): Promise<Buffer> {
-    const base = dest.replace(/^\/+/, '').replace(/\/+$/, '');
+    const base = tarFolderName(dest).slice(0, -1);
     const common = { mtime: new Date(0), uid: owner.uid, gid: owner.gid, uname: '', gname: '' };
     return tarBuffer((pack) => {
       for (const folder of folders) {
-        pack.entry({ ...common, uid: folder.owner.uid, gid: folder.owner.gid, name: `${folder.path.replace(/^\/+/, '').replace(/\/+$/, '')}/`, type: 'directory', mode: 0o755 });
+        pack.entry({ ...common, uid: folder.owner.uid, gid: folder.owner.gid, name: tarFolderName(folder.path), type: 'directory', mode: 0o755 });
       }
       pack.entry({ ...common, name: `${base}/`, type: 'directory', mode: 0o755 });
       for (const { header, data } of this.entries) {
