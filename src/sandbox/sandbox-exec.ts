@@ -61,10 +61,6 @@ export interface ExecResult {
   durationMs: number;
 }
 
-/** How often, and how many times, an exec whose stream ended is asked again for its exit (at most 2 s). */
-const EXIT_RECORD_POLL_MS = 20;
-const EXIT_RECORD_POLLS = 100;
-
 /**
  * Run `sh -c command` in the sandbox as SANDBOX_USER. Past `timeoutMs` (or when `signal` aborts) every process of
  * the sandbox user but the container's init is sent TERM, then KILL: the whole tree stops, daemons
@@ -117,16 +113,9 @@ export async function execIn(target: ExecTarget, command: string, opts: ExecOpti
   }
   let exitCode: number | null = null;
   try {
-    const inspect = () => dockerCall('inspect exec', { timeoutMs: target.callTimeoutMs }, (abortSignal) =>
+    const info = await dockerCall('inspect exec', { timeoutMs: target.callTimeoutMs }, (abortSignal) =>
       exec.inspect({ abortSignal } as object) as Promise<Docker.ExecInspectInfo>,
     );
-    let info = await inspect();
-    // Under gVisor an exec with stdin attached can end its stream a moment before the engine records
-    // its exit (seen as ExitCode null): asked again, briefly, when the stream ended on its own.
-    for (let i = 0; first === 'ended' && info.Running && i < EXIT_RECORD_POLLS; i++) {
-      await new Promise((resolve) => setTimeout(resolve, EXIT_RECORD_POLL_MS));
-      info = await inspect();
-    }
     exitCode = info.ExitCode ?? null;
   } catch (err) {
     if (first === 'ended') throw err;

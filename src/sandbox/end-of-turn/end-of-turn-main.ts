@@ -106,10 +106,9 @@ async function copyWorkspace(workdir: string, capBytes: number): Promise<{ whole
     pendingBytes += chunk.length;
     if (pendingBytes >= MAX_FRAME_BYTES) await flush();
   };
-  class Cut extends Error {}
   /** An entry of `more` bytes (headers and data) would pass the cap: the copy is cut here. */
   const fits = (more: number): void => {
-    if (bytes + more + TAR_END.length > capBytes) throw new Cut(`the copy passed ${capBytes} bytes`);
+    if (bytes + more + TAR_END.length > capBytes) throw new Error(`the copy passed ${capBytes} bytes`);
   };
   const walk = async (rel: string): Promise<void> => {
     const abs = posix.join(parent, rel);
@@ -126,7 +125,7 @@ async function copyWorkspace(workdir: string, capBytes: number): Promise<{ whole
       fits(header.length);
       await out(header);
     } else if (st.isFile()) {
-      if (st.size > MAX_USTAR_SIZE) throw new Cut(`${rel} is ${st.size} bytes`);
+      if (st.size > MAX_USTAR_SIZE) throw new Error(`${rel} is ${st.size} bytes`);
       const header = tarHeader({ ...common, name: rel, type: 'file', size: st.size });
       fits(header.length + st.size + dataPadding(st.size).length);
       const fh = await open(abs, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW);
@@ -153,8 +152,8 @@ async function copyWorkspace(workdir: string, capBytes: number): Promise<{ whole
     await flush();
     return { whole: true, bytes };
   } catch (err) {
-    // What was written of it is not a copy: the worker drops it and asks the engine at close.
-    await flush().catch(() => undefined);
+    // What was written of it is not a copy: the worker drops it and asks the engine at close (so what is
+    // still pending is not sent).
     return { whole: false, bytes, why: errText(err) };
   }
 }

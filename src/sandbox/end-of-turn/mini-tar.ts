@@ -52,7 +52,8 @@ function ustar(h: { name: string; type: string; mode: number; uid: number; gid: 
   return b;
 }
 
-const padding = (size: number) => Buffer.alloc((BLOCK - (size % BLOCK)) % BLOCK);
+/** The padding after a file's `size` bytes of data. */
+export const dataPadding = (size: number): Buffer => Buffer.alloc((BLOCK - (size % BLOCK)) % BLOCK);
 
 /** One pax record, "<length> <key>=<value>\n", its length counting itself. */
 function paxRecord(key: string, value: string): string {
@@ -76,7 +77,7 @@ export function tarHeader(h: Omit<TarHeader, 'type'> & { type: Exclude<TarType, 
   if (records.length === 0) return entry;
   const body = Buffer.from(records.join(''), 'utf8');
   const pax = ustar({ name: 'PaxHeader', type: 'x', mode: 0o644, uid: 0, gid: 0, mtime: h.mtime, size: body.length, linkname: '' });
-  return Buffer.concat([pax, body, padding(body.length), entry]);
+  return Buffer.concat([pax, body, dataPadding(body.length), entry]);
 }
 
 /** A name cut to the 100 bytes of its ustar field (the pax record holds it whole). */
@@ -84,9 +85,6 @@ function cut(name: string): string {
   const b = Buffer.from(name, 'utf8');
   return b.length <= 100 ? name : b.subarray(0, 100).toString('utf8');
 }
-
-/** The padding after a file's `size` bytes of data. */
-export const dataPadding = padding;
 
 const field = (b: Buffer, at: number, len: number): string => {
   const raw = b.subarray(at, at + len);
