@@ -12,6 +12,12 @@
 // so it is claim -> first agent exec, less the exec's own start). Timed runs talk to the engine
 // directly; only the call count goes through the counting proxy (which adds a hop).
 //
+// --task harbor: the same measured on a Harbor task in a built image (task.toml, environment/Dockerfile
+// FROM the ubuntu:24.04 stand-in, tests/test.sh writing /logs/verifier/reward.txt), the agent the same
+// command in /app. Its direct sequence is what a careful user of the built image writes by hand:
+// create, start, put /logs, exec the agent (bash -c), put the tests, exec test.sh into
+// /logs/verifier, get reward.txt, remove (the bench builds the image itself from the same Dockerfile).
+//
 // --latency N: N single episodes more, one at a time on an idle fleet (1 worker x 1) and an idle engine,
 // alternating with the direct sequence: each one's time from enqueue to its result (a one-episode
 // batch, enqueued through enqueueBatch) against the direct sequence's, p50 and p90 of each, and the
@@ -20,7 +26,7 @@
 //
 // Run: npm run build && npx tsx bench/episode-overhead.ts [--settings 1x1,1x2,1x4,2x8] [--episodes 12]
 //   [--rounds 3] [--pool 0] [--settle-sec 0] [--count-episodes 8] [--count-setting 1x2] [--no-count] [--no-timing]
-//   [--latency 0]
+//   [--latency 0] [--task own|harbor]
 // --episodes N: episodes per setting and side, split over the rounds (each round at least 2 x the
 // setting's total concurrency); --pool N: passed to every worker as FLEET_SANDBOX_POOL (warm containers
 // per image per worker; 0 = off); --settle-sec: pause after the warm-up wave and after each fleet block
@@ -28,11 +34,11 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { Writable } from 'node:stream';
+import { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import type Docker from 'dockerode';
@@ -74,8 +80,11 @@ const { values } = parseArgs({
     'no-count': { type: 'boolean', default: false },
     'no-timing': { type: 'boolean', default: false },
     latency: { type: 'string', default: '0' },
+    task: { type: 'string', default: 'own' },
   },
 });
+if (values.task !== 'own' && values.task !== 'harbor') throw new TypeError(`--task: expected own or harbor, got ${JSON.stringify(values.task)}`);
+const HARBOR = values.task === 'harbor';
 
 interface Setting { workers: number; concurrency: number; label: string }
 function parseSetting(s: string): Setting {
@@ -271,23 +280,51 @@ async function startCountingProxy(socketPath: string, target = ENGINE_SOCKET): P
 // ---------------------------------------------------------------------------------------------------
 // The direct baseline: one trivial episode's container work with dockerode, nothing else.
 
-const STEPS = ['create', 'start', 'put workspace', 'agent exec', 'put tests', 'verify exec', 'get workspace', 'remove'] as const;
+const STEPS = ['create', 'start', 'put in', 'agent exec', 'put tests', 'verify exec', 'get out', 'remove'] as const;
 type Step = (typeof STEPS)[number];
 type StepTimes = Record<Step, number>;
 
-interface Inputs { workspace: Buffer; tests: Buffer; storageOpt: Record<string, string> | undefined }
+/** One task's container work, done by hand: what goes in first (the workspace, or Harbor's /logs), the agent, the tests, the verifier, what comes out. */
+interface Inputs {
+  image: string;
+  /** '' is the image's USER (a Harbor image's root). */
+  user: string;
+  workdir: string;
+  shell: string[];
+  capDrop: string[];
+  putIn: Buffer;
+  agentCommand: string;
+  tests: Buffer;
+  verifyCommand: string;
+  /** The file that says the episode passed: the workspace (read whole), or the reward file. */
+  getOut: string;
+  passed: (verifierExit: number | null, out: Buffer) => boolean;
+  storageOpt: Record<string, string> | undefined;
+}
+
+/** The Harbor task of --task harbor, written once per run (its image built from it by the fleet and, for the direct side, by the bench). */
+const HARBOR_FILES = {
+  'task.toml': 'version = "1.0"\n\n[verifier]\ntimeout_sec = 20.0\n\n[agent]\ntimeout_sec = 60.0\n\n[environment]\nbuild_timeout_sec = 300.0\n',
+  'instruction.md': 'Write fixed into /app/state.txt.\n',
+  'environment/Dockerfile': 'FROM ubuntu:24.04\nWORKDIR /app\nRUN echo broken > /app/state.txt\n',
+  'tests/test.sh': '#!/bin/bash\nif grep -qx fixed /app/state.txt; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n',
+} as const;
+
+async function writeHarborBatch(dir: string, name: string, opts: { samples: number; command: string }): Promise<string> {
+  const task = path.join(dir, 'harbor-tasks', 'fix');
+  for (const [file, body] of Object.entries(HARBOR_FILES)) {
+    await mkdir(path.dirname(path.join(task, file)), { recursive: true });
+    await writeFile(path.join(task, file), body, { mode: file.endsWith('.sh') ? 0o755 : 0o644 });
+  }
+  const file = path.join(dir, `${name}.yaml`);
+  await writeFile(file, `name: ${name}\ntasks: [${JSON.stringify(task)}]\nsamples: ${opts.samples}\nagent: { kind: command, command: ${JSON.stringify(opts.command)} }\n`
+    + 'defaults:\n  limits: { memoryMb: 128, cpus: 0.5, pids: 64 }\n');
+  return file;
+}
 
 async function buildInputs(docker: Docker, runId: string): Promise<Inputs> {
   const user = { mtime: new Date(0), uid: 1000, gid: 1000, uname: '', gname: '' };
   const root = { mtime: new Date(0), uid: 0, gid: 0, uname: '', gname: '' };
-  const workspace = await tarBuffer((pack) => {
-    pack.entry({ ...user, name: 'workspace/', type: 'directory', mode: 0o755 });
-    pack.entry({ ...user, name: 'workspace/state.txt', type: 'file', mode: 0o644 }, 'broken\n');
-  });
-  const tests = await tarBuffer((pack) => {
-    pack.entry({ ...root, name: 'tests/', type: 'directory', mode: 0o755 });
-    pack.entry({ ...root, name: 'tests/test.sh', type: 'file', mode: 0o644 }, 'grep -qx fixed state.txt\n');
-  });
   // The fleet asks for StorageOpt size and, on an engine that refuses it, stops asking: mirror the answer.
   let storageOpt: Record<string, string> | undefined = { size: `${LIMITS.diskMb}M` };
   try {
@@ -296,13 +333,52 @@ async function buildInputs(docker: Docker, runId: string): Promise<Inputs> {
   } catch {
     storageOpt = undefined;
   }
-  return { workspace, tests, storageOpt };
+  if (HARBOR) {
+    const image = `rollout-fleet/bench-harbor:${runId}`;
+    const context = await tarBuffer((pack) => pack.entry({ ...root, name: 'Dockerfile', mode: 0o644 }, HARBOR_FILES['environment/Dockerfile']));
+    const build = await docker.buildImage(Readable.from([context]), { t: image, labels: { [BENCH_LABEL]: runId } } as Docker.ImageBuildOptions);
+    await new Promise<void>((resolve, reject) => docker.modem.followProgress(build, (err: Error | null, res: Array<{ error?: string }>) => {
+      const failed = res?.find((r) => r.error !== undefined);
+      if (err || failed) reject(err ?? new Error(`building ${image}: ${failed!.error}`));
+      else resolve();
+    }));
+    const dirEntry = (name: string) => ({ ...root, name, type: 'directory' as const, mode: 0o777 });
+    return {
+      image, user: '', workdir: '/app', shell: ['bash', '-c'], capDrop: ['NET_RAW', 'MKNOD', 'AUDIT_WRITE', 'SETFCAP', 'SETPCAP', 'SYS_CHROOT'],
+      putIn: await tarBuffer((pack) => { for (const d of ['logs/', 'logs/agent/', 'logs/verifier/', 'logs/artifacts/']) pack.entry(dirEntry(d)); }),
+      agentCommand: AGENT_COMMAND,
+      tests: await tarBuffer((pack) => {
+        pack.entry({ ...root, name: 'tests/', type: 'directory', mode: 0o755 });
+        pack.entry({ ...root, name: 'tests/test.sh', type: 'file', mode: 0o755 }, HARBOR_FILES['tests/test.sh']);
+      }),
+      verifyCommand: '(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1',
+      getOut: '/logs/verifier/reward.txt',
+      passed: (_exit, out) => out.includes(Buffer.from('1\n')),
+      storageOpt,
+    };
+  }
+  return {
+    image: IMAGE, user: '1000:1000', workdir: WORKDIR, shell: ['sh', '-c'], capDrop: ['ALL'],
+    putIn: await tarBuffer((pack) => {
+      pack.entry({ ...user, name: 'workspace/', type: 'directory', mode: 0o755 });
+      pack.entry({ ...user, name: 'workspace/state.txt', type: 'file', mode: 0o644 }, 'broken\n');
+    }),
+    agentCommand: AGENT_COMMAND,
+    tests: await tarBuffer((pack) => {
+      pack.entry({ ...root, name: 'tests/', type: 'directory', mode: 0o755 });
+      pack.entry({ ...root, name: 'tests/test.sh', type: 'file', mode: 0o644 }, 'grep -qx fixed state.txt\n');
+    }),
+    verifyCommand: VERIFY_COMMAND,
+    getOut: WORKDIR,
+    passed: (exit) => exit === 0,
+    storageOpt,
+  };
 }
 
-async function execIn(docker: Docker, container: Docker.Container, command: string, env: string[]): Promise<number | null> {
+async function execIn(docker: Docker, container: Docker.Container, inputs: Inputs, command: string, env: string[]): Promise<number | null> {
   const exec = await container.exec({
-    Cmd: ['sh', '-c', command], AttachStdout: true, AttachStderr: true, AttachStdin: false, Tty: false,
-    User: '1000:1000', WorkingDir: WORKDIR, Env: env,
+    Cmd: [...inputs.shell, command], AttachStdout: true, AttachStderr: true, AttachStdin: false, Tty: false,
+    User: inputs.user, WorkingDir: inputs.workdir, Env: env,
   });
   const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
   const sink = new Writable({ write: (_c, _e, cb) => cb() });
@@ -329,15 +405,15 @@ async function directEpisode(docker: Docker, inputs: Inputs, runId: string, n: n
   const memory = LIMITS.memoryMb * 1024 * 1024;
   const container = await step('create', () => docker.createContainer({
     name: `rf-direct-${runId}-${n}-${randomBytes(3).toString('hex')}`,
-    Image: IMAGE,
+    Image: inputs.image,
     Cmd: ['sleep', '2147483647'],
     User: '0:0',
-    WorkingDir: WORKDIR,
+    WorkingDir: inputs.workdir,
     Env: ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'HOME=/tmp'],
     Labels: { [BENCH_LABEL]: runId },
     NetworkDisabled: true,
     HostConfig: {
-      NetworkMode: 'none', CapDrop: ['ALL'], SecurityOpt: ['no-new-privileges'],
+      NetworkMode: 'none', CapDrop: inputs.capDrop, SecurityOpt: ['no-new-privileges'],
       Memory: memory, MemorySwap: memory, NanoCpus: Math.round(LIMITS.cpus * 1e9), PidsLimit: LIMITS.pids, Init: true,
       ...(inputs.storageOpt && { StorageOpt: inputs.storageOpt }),
       AutoRemove: false,
@@ -345,17 +421,19 @@ async function directEpisode(docker: Docker, inputs: Inputs, runId: string, n: n
   }));
   try {
     await step('start', () => container.start());
-    await step('put workspace', () => container.putArchive(inputs.workspace, { path: '/' }));
+    await step('put in', () => container.putArchive(inputs.putIn, { path: '/' }));
     const env = ['TASK_ID=fix', 'TASK_INSTRUCTION=write fixed into state.txt'];
-    const agent = await step('agent exec', () => execIn(docker, container, AGENT_COMMAND, env));
+    const agent = await step('agent exec', () => execIn(docker, container, inputs, inputs.agentCommand, env));
     if (agent !== 0) throw new Error(`direct: agent exited ${agent}`);
     await step('put tests', () => container.putArchive(inputs.tests, { path: '/' }));
-    const verifier = await step('verify exec', () => execIn(docker, container, VERIFY_COMMAND, []));
-    if (verifier !== 0) throw new Error(`direct: verifier exited ${verifier} (the agent's write did not land)`);
-    await step('get workspace', async () => {
-      const tar = (await container.getArchive({ path: WORKDIR })) as NodeJS.ReadableStream;
-      for await (const _chunk of tar) { /* read to the end, as the fleet's snapshot does */ }
+    const verifier = await step('verify exec', () => execIn(docker, container, inputs, inputs.verifyCommand, []));
+    const got = await step('get out', async () => {
+      const tar = (await container.getArchive({ path: inputs.getOut })) as NodeJS.ReadableStream;
+      const chunks: Buffer[] = [];
+      for await (const chunk of tar) chunks.push(chunk as Buffer); // read to the end, as the fleet's snapshot does
+      return Buffer.concat(chunks);
     });
+    if (!inputs.passed(verifier, got)) throw new Error(`direct: the episode did not pass (verifier exited ${verifier}): the agent's write did not land`);
   } finally {
     await step('remove', () => container.remove({ force: true, v: true }));
   }
@@ -427,7 +505,7 @@ class Workers {
 
 /** Enqueue `episodes` trivial episodes, wait for every result (polled every 10 ms) and every sandbox's removal. */
 async function runFleetBatch(f: FleetEnv, name: string, episodes: number, pollMs = 10): Promise<FleetRun> {
-  const file = await writeCommandBatch(f.dir, name, { samples: episodes, command: AGENT_COMMAND });
+  const file = await (HARBOR ? writeHarborBatch : writeCommandBatch)(f.dir, name, { samples: episodes, command: AGENT_COMMAND });
   const batch = await loadBatch(file);
   const started = performance.now();
   const startedAt = Date.now();
@@ -504,7 +582,7 @@ async function main(): Promise<void> {
   try {
     const inputs = await buildInputs(docker, runId);
     out(`bench: ${os.cpus().length} cores, load ${os.loadavg().map((l) => l.toFixed(1)).join(' ')}, ${await others()} other running containers on the engine; `
-      + `pool ${pool}, StorageOpt ${inputs.storageOpt ? 'accepted' : 'refused (the fleet watches the disk instead)'}`);
+      + `task ${HARBOR ? 'harbor (a built image)' : 'own'}, pool ${pool}, StorageOpt ${inputs.storageOpt ? 'accepted' : 'refused (the fleet watches the disk instead)'}`);
     const rows: Row[] = [];
 
     if (!values['no-timing']) {
@@ -638,6 +716,7 @@ async function main(): Promise<void> {
     await proxy?.close();
     const left = await docker.listContainers({ all: true, filters: { label: [`${BENCH_LABEL}=${runId}`] } }).catch(() => []);
     await Promise.all(left.map((c) => docker.getContainer(c.Id).remove({ force: true }).catch(() => undefined)));
+    if (HARBOR) await docker.getImage(`rollout-fleet/bench-harbor:${runId}`).remove().catch(() => undefined);
     await f.queue.close();
     await f.flows.close();
     await client.quit();

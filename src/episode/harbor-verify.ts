@@ -2,9 +2,13 @@
 // the fleet's guarantees added. The agent may have run as root, so no process of it is trusted to be
 // gone by a sweep of one user: the sandbox is restarted (the engine kills every process; the image's
 // ENTRYPOINT starts the task's services again, and its healthcheck is waited for again). Then, as
-// root, /logs/verifier is emptied (a planted reward file never counts), the tests go to /tests, and
-// `(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1` runs as [verifier].user with
-// [verifier].env. Its exit code is ignored: the reward file is the grade, read through the engine.
+// root, /logs/verifier is emptied (a planted reward file never counts), /tests is replaced by the
+// tests, and `(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1` runs as [verifier].user with
+// [verifier].env. Its exit code is ignored: the reward file is the grade.
+// When the verifier runs as root (Harbor's tasks' usual case) all of that after the restart is ONE
+// exec, the end-of-turn program (src/sandbox/end-of-turn/) run as root by the runtime generation's
+// node; a verifier of another user gets the steps one call each (root's execs, the tests' put, its own
+// exec, the reward files read through the engine), so the engine itself makes it that user.
 import type { AgentRun } from '../agent/agent.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
@@ -13,8 +17,9 @@ import { passes } from '../tasks/batch-spec.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import type { AttemptTrail, EpisodeAttempt, Graded, SetUpResult } from './episode-attempt.ts';
 import { HARBOR_TESTS_RESET, HARBOR_VERIFIER_RESET, execAsRoot, runHealthcheck } from './harbor-checks.ts';
-import { readSandboxReward } from './reward-file.ts';
-import { runVerifier } from './run-verifier.ts';
+import { rewardOfFiles, verifiedRun } from './end-of-turn-outcome.ts';
+import { readSandboxReward, type Reward } from './reward-file.ts';
+import { runVerifier, superviseVerifier } from './run-verifier.ts';
 import { verifySeparately, type SeparateVerifyDeps } from './separate-verifier.ts';
 import { openVerifierEgress } from './verifier-egress.ts';
 
@@ -24,7 +29,7 @@ const ROOT_OWNER = { uid: 0, gid: 0 } as const;
 export async function verifyHarbor(
   attempt: EpisodeAttempt,
   deps: SeparateVerifyDeps,
-  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services' | 'runFolder'>,
+  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services' | 'runFolder' | 'image'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun'>,
   agentRun: AgentRun,
@@ -49,27 +54,67 @@ export async function verifyHarbor(
     await deadline.run('closing the model proxy', async () => made.proxy?.close());
     const check = harbor.healthcheck;
     if (check) await deadline.run('waiting for the healthcheck again', (signal) => runHealthcheck(session, check, signal));
-    const asRoot = (what: string, command: string) => execAsRoot(session, deadline, what, command);
-    await asRoot('emptying /logs/verifier and removing /tests', `${HARBOR_VERIFIER_RESET} && ${HARBOR_TESTS_RESET}`);
-    for (const part of testsParts.filter((p) => made.archive.has(p))) {
-      const tests = await made.archive.partAsTar(part, TESTS_DIR, ROOT_OWNER);
-      await deadline.run(`copying ${part}/ in`, (signal) => session.putArchive(tests, '/', signal));
-    }
-    await asRoot('making test.sh executable', `chmod +x ${TESTS_DIR}/test.sh`);
-
-    // The grader's own network (its forwarder started after the restart: the agent's processes are gone).
-    const egress = await openVerifierEgress(attempt, deps, made, session, deadline);
-    try {
-      await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, {
-        capBytes: deps.outputCapBytes, env: { ...harbor.verifierEnv, ...egress?.env }, user: harbor.verifierUser ?? '',
-      });
-    } finally {
-      await egress?.close().catch((err: unknown) => deps.log.warn({ err: String(err) }, 'closing the verifier\'s egress proxy failed'));
-    }
-    const { reward, metrics } = await deadline.run('reading the reward file', (signal) => readSandboxReward(session, signal));
+    const parts = testsParts.filter((p) => made.archive.has(p));
+    const { reward, metrics } = asRoot(harbor.verifierUser || made.image.config.user)
+      ? await verifyInOneExec(attempt, deps, made, session, trail, harbor, deadline, parts)
+      : await verifyStepByStep(attempt, deps, made, session, trail, harbor, deadline, parts);
     return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
   } finally {
     deadline.dispose();
   }
 }
 
+/** Whether `user` (a Harbor [verifier].user, or the image's USER: '' is root) is root; undefined is not known. */
+function asRoot(user: string | undefined): boolean {
+  return user !== undefined && /^(|root|0)(:(root|0))?$/.test(user);
+}
+
+type VerifyMade = Pick<SetUpResult, 'archive' | 'runtime' | 'runFolder'>;
+
+/** After the restart, as root, in one exec: /logs/verifier and /tests made afresh, the tests in, test.sh run, its reward files read. */
+async function verifyInOneExec(
+  attempt: EpisodeAttempt, deps: SeparateVerifyDeps, made: VerifyMade, session: SandboxSession,
+  trail: Pick<AttemptTrail, 'verifyRun'>, harbor: HarborRun, deadline: Deadline, parts: readonly string[],
+): Promise<Reward> {
+  const task = attempt.job.task;
+  const tests = await Promise.all(parts.map((part) => made.archive.partAsTar(part, TESTS_DIR, ROOT_OWNER)));
+  // The grader's own network (its forwarder started after the restart: the agent's processes are gone).
+  const egress = await openVerifierEgress(attempt, deps, made, session, deadline);
+  try {
+    let started: number | undefined;
+    const end = await superviseVerifier(deadline, trail, task.verify.timeoutSec, () => started, (signal) => session.endTurn({
+      runtimeMountPath: made.runtime.mountPath, workdir: task.workdir, copyCapBytes: null, testsDir: TESTS_DIR, tests,
+      command: task.verify.command, rewardFile: true, verifierTimeoutMs: task.verify.timeoutSec * 1000, outputCapBytes: deps.outputCapBytes,
+      restarted: { env: { ...harbor.verifierEnv, ...egress?.env }, shell: ['bash', '-c'], executable: ['test.sh'] },
+      signal, onVerifierStart: () => (started = performance.now()),
+    }), (e) => (e.outcome === 'verified' ? e.verifyRun : undefined));
+    await verifiedRun(end, session, deadline, task.limits.diskMb);
+    return rewardOfFiles(end.outcome === 'verified' ? end.reward : undefined);
+  } finally {
+    await egress?.close().catch((err: unknown) => deps.log.warn({ err: String(err) }, 'closing the verifier\'s egress proxy failed'));
+  }
+}
+
+/** After the restart, one call each: root's execs, the tests' put, the verifier's own exec as its user, the reward files read through the engine. */
+async function verifyStepByStep(
+  attempt: EpisodeAttempt, deps: SeparateVerifyDeps, made: VerifyMade, session: SandboxSession,
+  trail: Pick<AttemptTrail, 'verifyRun'>, harbor: HarborRun, deadline: Deadline, parts: readonly string[],
+): Promise<Reward> {
+  const task = attempt.job.task;
+  const asRootExec = (what: string, command: string) => execAsRoot(session, deadline, what, command);
+  await asRootExec('emptying /logs/verifier and removing /tests', `${HARBOR_VERIFIER_RESET} && ${HARBOR_TESTS_RESET}`);
+  for (const part of parts) {
+    const tests = await made.archive.partAsTar(part, TESTS_DIR, ROOT_OWNER);
+    await deadline.run(`copying ${part}/ in`, (signal) => session.putArchive(tests, '/', signal));
+  }
+  await asRootExec('making test.sh executable', `chmod +x ${TESTS_DIR}/test.sh`);
+  const egress = await openVerifierEgress(attempt, deps, made, session, deadline);
+  try {
+    await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, {
+      capBytes: deps.outputCapBytes, env: { ...harbor.verifierEnv, ...egress?.env }, user: harbor.verifierUser ?? '',
+    });
+  } finally {
+    await egress?.close().catch((err: unknown) => deps.log.warn({ err: String(err) }, 'closing the verifier\'s egress proxy failed'));
+  }
+  return deadline.run('reading the reward file', (signal) => readSandboxReward(session, signal));
+}

@@ -18,7 +18,7 @@ import { SANDBOX_USER, type SandboxSession } from '../sandbox/sandbox-session.ts
 import { passes } from '../tasks/batch-spec.ts';
 import { HARBOR_VERIFIER_RESET } from './harbor-checks.ts';
 import { verifyHarbor } from './harbor-verify.ts';
-import { readReward } from './reward-file.ts';
+import { rewardOfFiles, verifiedRun } from './end-of-turn-outcome.ts';
 import { superviseVerifier } from './run-verifier.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } from './episode-attempt.ts';
 
@@ -63,28 +63,6 @@ const VERIFIER_LOGS_AS_ROOT = `if [ -d /logs/verifier ] && [ ! -L /logs/verifier
 /** A tar of the workspace is its files plus headers: this much past the snapshot's cap is still taken whole. */
 const SNAPSHOT_TAR_SLACK_BYTES = 1024 * 1024;
 
-/**
- * The agent's failure when `err` (from writing into the sandbox) is its engine-enforced disk quota
- * being full: "disk quota exceeded" (btrfs qgroups) always; "no space left on device" (xfs project
- * quotas, but also the engine's whole disk) only when the layer measures at least 90% of the limit.
- */
-async function diskFullByAgent(session: SandboxSession, diskMb: number, err: unknown, signal: AbortSignal): Promise<FleetError | undefined> {
-  if (!session.diskEnforced) return undefined;
-  const message = err instanceof Error ? err.message : String(err);
-  // The engine says it in words; node inside the sandbox (the end-of-turn program) knows EDQUOT by its number only.
-  const quota = /disk quota exceeded|\bEDQUOT\b|system error -122\b/i.test(message);
-  if (!quota && !/no space left on device/i.test(message)) return undefined;
-  if (!quota) {
-    const bytes = await session.writableLayerBytes(signal).catch(() => 0);
-    if (bytes < diskMb * 1024 * 1024 * 0.9) return undefined;
-  }
-  return new FleetError(
-    'disk_limit_exceeded',
-    `the agent filled the sandbox's disk to its limits.diskMb of ${diskMb} MB (enforced by the engine): the tests could not be copied in`,
-    { cause: err },
-  );
-}
-
 /** The agent's process ended by a signal (exit 128+, or no code): its sandbox may have gone with it. */
 function killedBySignal(agentRun: AgentRun): boolean {
   return !agentRun.timedOut && (agentRun.exitCode === null || agentRun.exitCode >= 128);
@@ -93,7 +71,7 @@ function killedBySignal(agentRun: AgentRun): boolean {
 export async function verify(
   attempt: EpisodeAttempt,
   deps: VerifyDeps,
-  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services'>,
+  made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services' | 'image'>,
   session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy'>,
   agentRun: AgentRun,
@@ -117,7 +95,7 @@ export async function verify(
     // test/integration/verify-evasion.test.ts.)
     let verifierStarted: number | undefined;
     const endTurn = () => superviseVerifier(deadline, trail, task.verify.timeoutSec, () => verifierStarted, (signal) => session.endTurn({
-      runtimeMountPath: made.runtime.mountPath, workdir: task.workdir, testsDir: TESTS_DIR, tests,
+      runtimeMountPath: made.runtime.mountPath, workdir: task.workdir, testsDir: TESTS_DIR, tests: [tests],
       copyCapBytes: deps.snapshotLimits.maxBytes + SNAPSHOT_TAR_SLACK_BYTES,
       command: task.verify.command, rewardFile, verifierTimeoutMs: task.verify.timeoutSec * 1000, outputCapBytes: deps.outputCapBytes,
       signal, onVerifierStart: () => (verifierStarted = performance.now()),
@@ -150,26 +128,10 @@ export async function verify(
       if (end.outcome === 'not-swept' || end.outcome === 'logs-need-root') throw new FleetError('docker_error', `/logs/verifier could not be made afresh for the verifier (${end.outcome})`);
     }
     if (end.workspaceTar !== undefined) trail.workspaceCopy = keepWorkspaceEarly(deps, { episodeId: attempt.job.episodeId, attempt: attempt.attempt }, end.workspaceTar);
-    if (end.outcome === 'tests-failed') {
-      const err = new Error(`${end.code ?? ''} ${end.why}`);
-      throw await diskFullByAgent(session, task.limits.diskMb, err, deadline.signal)
-        ?? new FleetError('docker_error', `copying the tests into /tests failed: ${end.why}`);
-    }
-    if (end.outcome === 'failed') throw new FleetError('docker_error', `the end of the agent's turn failed before the verifier: ${end.why}`);
-    const { verifyRun } = end;
-    // The sandbox itself went under the verifier, not by an OOM kill (under gVisor its runtime was seen
-    // to lose it: exit 2, "shim disconnected", the exec ending with no code or runsc's own 128): not the
-    // verifier's doing, and not a grade. Only such an ending costs an inspect.
-    const endedOddly = !verifyRun.timedOut && (verifyRun.exitCode === null || verifyRun.exitCode >= 128);
-    const stopped = verifyRun.sandboxStopped === true
-      || (endedOddly && (await deadline.run('checking the sandbox', (signal) => session.state(signal)).then((s) => !s.running, () => false)));
-    if (stopped && session.oomKilledSoFar() !== true) {
-      throw new FleetError('sandbox_lost', 'the sandbox stopped under the verifier (not by an OOM kill): the engine or its runtime ended it');
-    }
+    const verifyRun = await verifiedRun(end, session, deadline, task.limits.diskMb);
     const status = (reward: number) => (agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed');
     if (rewardFile) {
-      if (end.reward?.notRegular !== undefined) throw new FleetError('reward_file_invalid', `the verifier's ${end.reward.notRegular} is not a regular file`);
-      const { reward, metrics } = readReward({ json: end.reward?.json, txt: end.reward?.txt });
+      const { reward, metrics } = rewardOfFiles(end.outcome === 'verified' ? end.reward : undefined);
       return { status: status(reward), reward, metrics };
     }
     if (verifyRun.exitCode !== 0 && verifyRun.exitCode !== 1) {

@@ -62,11 +62,11 @@ export interface ExecResult {
 }
 
 /**
- * Run `sh -c command` in the sandbox as SANDBOX_USER. Past `timeoutMs` (or when `signal` aborts) every process of
- * the sandbox user but the container's init is sent TERM, then KILL: the whole tree stops, daemons
- * the command left behind included.
+ * Run `sh -c command` (or the argv `command`, as it is) in the sandbox as SANDBOX_USER. Past
+ * `timeoutMs` (or when `signal` aborts) every process of the sandbox user but the container's init is
+ * sent TERM, then KILL: the whole tree stops, daemons the command left behind included.
  */
-export async function execIn(target: ExecTarget, command: string, opts: ExecOptions): Promise<ExecResult> {
+export async function execIn(target: ExecTarget, command: string | readonly string[], opts: ExecOptions): Promise<ExecResult> {
   const started = performance.now();
   const { exec, stream } = await startExec(target, command, opts);
   if (opts.stdin !== undefined) stream.write(opts.stdin);
@@ -170,17 +170,17 @@ export async function startBackgroundIn(
   }
 }
 
-/** Create and start `sh -c command` as SANDBOX_USER, attached to its stdout and stderr. */
+/** Create and start `sh -c command` (or the argv `command`, run as it is) as SANDBOX_USER, attached to its stdout and stderr. */
 async function startExec(
   target: ExecTarget,
-  command: string,
+  command: string | readonly string[],
   opts: { workdir?: string | undefined; env?: Record<string, string> | undefined; user?: string | undefined; signal?: AbortSignal | undefined; stdin?: Buffer | undefined },
 ) {
   const stdin = opts.stdin !== undefined;
   const call = { timeoutMs: target.callTimeoutMs, signal: opts.signal };
   const exec = await dockerCall('create exec', call, (abortSignal) =>
     target.container.exec({
-      Cmd: [...(target.shell ?? ['sh', '-c']), command],
+      Cmd: typeof command === 'string' ? [...(target.shell ?? ['sh', '-c']), command] : [...command],
       AttachStdout: true,
       AttachStderr: true,
       AttachStdin: stdin,

@@ -8,6 +8,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { EpisodeResult } from '../../src/episode/episode-job.ts';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import { LABEL } from '../../src/sandbox/labels.ts';
 import { ROOT, docker, enqueueFile, startEnvWorker, startFleetEnv, waitFor, waitForNoContainers, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
 
 const FIXTURES = path.join(ROOT, 'test/fixtures/harbor');
@@ -72,6 +73,44 @@ describe('Harbor tasks', () => {
     expect(one(nothing, 'two-metrics').metrics).toEqual({ correctness: 0, documentation: 0 });
     const half = await run([path.join(FIXTURES, 'partial-credit')], '{ kind: command, command: "echo alpha > /app/a.txt" }');
     expect(one(half, 'partial-credit')).toMatchObject({ status: 'failed', reward: 0.5, metrics: { reward: 0.5 } });
+  });
+
+  it('grades a root verifier in one exec after the restart; a verifier of another user gets its own exec, as that user', async () => {
+    // A copy of non-root-agent whose verifier runs as builder and says whether it did.
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-harbor-verifier-user-'));
+    const asBuilder = path.join(dir, 'verifier-as-builder');
+    await cp(path.join(FIXTURES, 'non-root-agent'), asBuilder, { recursive: true });
+    const toml = path.join(asBuilder, 'task.toml');
+    await writeFile(toml, (await readFile(toml, 'utf8')).replace('[verifier]\n', '[verifier]\nuser = "builder"\n'));
+    await writeFile(path.join(asBuilder, 'tests', 'test.sh'), '#!/bin/bash\nif [ "$(id -un)" = builder ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n');
+    const seen: Array<{ id: string; action: string }> = [];
+    const events = await docker.getEvents({ filters: { type: ['container'], label: [`${LABEL.fleet}=${env.prefix}`] } });
+    events.on('data', (chunk: Buffer) => {
+      for (const line of chunk.toString().split('\n').filter(Boolean)) {
+        const e = JSON.parse(line) as { Action: string; Actor: { ID: string } };
+        seen.push({ id: e.Actor.ID, action: e.Action });
+      }
+    });
+    try {
+      const ran = await run([path.join(FIXTURES, 'hello-file'), asBuilder], '{ kind: oracle }');
+      /** What the engine did in the episode's sandbox from its restart (before grading) to its removal. */
+      const afterRestart = async (id: string) => {
+        const container = one(ran, id).sandbox?.containerId;
+        await waitFor(`${id}'s destroy event`, async () => seen.some((e) => e.id === container && e.action === 'destroy'), 10_000);
+        const mine = seen.filter((e) => e.id === container).map((e) => e.action);
+        return mine.slice(mine.lastIndexOf('restart') + 1);
+      };
+      expect(one(ran, 'hello-file')).toMatchObject({ status: 'passed', reward: 1 });
+      expect(one(ran, 'verifier-as-builder')).toMatchObject({ status: 'passed', reward: 1 });
+      const root = await afterRestart('hello-file');
+      expect(root.filter((a) => a.startsWith('exec_create'))).toEqual([expect.stringMatching(/^exec_create: \S+\/node\.real \S+\/end-of-turn\.cjs /)]);
+      expect(root).not.toContain('extract-to-dir');
+      const builder = await afterRestart('verifier-as-builder');
+      expect(builder).toContain('exec_create: bash -c (/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1');
+      expect(builder).toContain('extract-to-dir');
+    } finally {
+      (events as unknown as { destroy(): void }).destroy();
+    }
   });
 
   it('builds an environment once for many samples, and again when a file in environment/ changes', async () => {

@@ -98,7 +98,7 @@ describe('sandbox session', () => {
 
   /** The end of the agent's turn in `own` with `tests` (a tar under tests/) and `command` as the verifier. */
   const endTurn = (own: SandboxSession, command: string, extra: { copyCapBytes?: number; tests?: Buffer } = {}) => own.endTurn({
-    runtimeMountPath: runtime.mountPath, workdir: '/workspace', testsDir: '/tests', tests: extra.tests ?? testsTar,
+    runtimeMountPath: runtime.mountPath, workdir: '/workspace', testsDir: '/tests', tests: [extra.tests ?? testsTar],
     command, rewardFile: false, verifierTimeoutMs: 10_000, outputCapBytes: 64 * 1024, copyCapBytes: extra.copyCapBytes ?? 1 << 20,
     signal: new AbortController().signal,
   });
@@ -264,6 +264,37 @@ describe('sandbox session', () => {
         await s.remove();
       }
     });
+  });
+
+  it('ends a restarted (Harbor) sandbox\'s turn as root: /tests replaced whole, the parts overlaid in order, test.sh made executable, the verifier\'s env, its reward file', async () => {
+    const s = await SandboxSession.open(deps, { ...endSpec, owner: { ...owner, episodeId: `${owner.episodeId}-restarted` } }, () => undefined);
+    try {
+      // /tests made root's, as a Harbor image has it (this sandbox's root has no capabilities: it can only remove what it owns).
+      const planted = await s.exec('rmdir /tests && mkdir -p /tests/sub && echo planted > /tests/conftest.py && echo 1 > /tests/sub/old && mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt',
+        { timeoutMs: 10_000, capBytes: 4096, user: '0', workdir: '/' });
+      expect(planted.exitCode).toBe(0);
+      const part = (files: Record<string, string>) => tarBuffer((pack) => {
+        pack.entry({ name: 'tests/', type: 'directory', mode: 0o755 });
+        for (const [name, body] of Object.entries(files)) pack.entry({ name: `tests/${name}`, mode: 0o644 }, body);
+      });
+      const ended = await s.endTurn({
+        runtimeMountPath: runtime.mountPath, workdir: '/workspace', testsDir: '/tests', copyCapBytes: null,
+        tests: [await part({ 'test.sh': 'echo one\n', 'keep.txt': 'kept\n' }), await part({ 'test.sh': '#!/bin/sh\necho "two $FOO $(id -u)"; ls -A /tests; echo 0.25 > /logs/verifier/reward.txt\n' })],
+        command: '/tests/test.sh', rewardFile: true, verifierTimeoutMs: 10_000, outputCapBytes: 64 * 1024,
+        restarted: { env: { FOO: 'bar' }, shell: ['/bin/sh', '-c'], executable: ['test.sh'] },
+        signal: new AbortController().signal,
+      });
+      expect(ended.outcome).toBe('verified');
+      if (ended.outcome !== 'verified') return;
+      expect(ended.verifyRun.exitCode).toBe(0);
+      expect(ended.verifyRun.stdout.text).toBe('two bar 0\nkeep.txt\ntest.sh\n');
+      expect(ended.reward?.txt?.toString()).toBe('0.25\n');
+      expect(ended.workspaceTar).toBeUndefined();
+      const owners = await s.exec('stat -c "%u %a %n" /tests /tests/test.sh /tests/keep.txt', { timeoutMs: 10_000, capBytes: 4096 });
+      expect(owners.stdout.text).toBe('0 755 /tests\n0 755 /tests/test.sh\n0 644 /tests/keep.txt\n');
+    } finally {
+      await s.remove();
+    }
   });
 
   it("unpacks the workspace in the command agent's own exec, modes kept, and puts it through the engine when the image has no tar", async () => {

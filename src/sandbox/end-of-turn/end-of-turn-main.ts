@@ -1,20 +1,22 @@
-// The end of the agent's turn, inside the sandbox, as ONE exec (run by end-of-turn.ts): the image's
-// /bin/sh has already killed every process of the sandbox user with builtins only (sweep.ts) and then
-// exec'd this program with the runtime generation's own node, so nothing of the image's PATH runs here
-// and nothing of the agent's is left to run. In order, each step reported as a frame on stdout
-// (frames.ts):
+// The end of the agent's turn, inside the sandbox, as ONE exec (run by end-of-turn.ts), by the runtime
+// generation's own node, so nothing of the image's PATH runs here and nothing of the agent's is left to
+// run: for the fleet's own tasks the image's /bin/sh has already killed every process of the sandbox
+// user with builtins only (sweep.ts) and then exec'd this program; for a Harbor task the engine
+// restarted the sandbox and this program runs as root. In order, each step reported as a frame on
+// stdout (frames.ts):
 //   1. for a reward-file task, /logs/verifier made an empty real folder (or: it needs root);
 //   2. the workspace as the agent left it, as a tar (entries named as the engine's getArchive names
 //      them), capped; a file it cannot read makes the copy not whole (the worker asks the engine);
-//   3. /tests emptied of whatever the agent left in it, and the hidden tests unpacked from stdin
-//      (8-byte length, then the tar), never through a link and never outside /tests;
-//   4. the verifier (`/bin/sh -c command` in the workdir), its stdout and stderr as frames, and then
-//      this process exits with the verifier's exit code (128 + the signal that killed it);
+//   3. /tests emptied of whatever the agent left in it (or removed whole and made again), and the
+//      hidden tests unpacked from stdin (8-byte length, then the parts' tars, each 8-byte length and
+//      tar, a later part's files over an earlier's), never through a link and never outside /tests;
+//   4. the verifier (`shell command` in the workdir), its stdout and stderr as frames, and then this
+//      process exits with the verifier's exit code (128 + the signal that killed it);
 //   5. for a reward-file task, the reward files it left, read without following links.
 // A failure before the verifier starts is a frame `F` and exit code 70.
 import { spawn } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
-import { chmod, lstat, mkdir, open, readdir, readlink, rm, symlink, link, utimes } from 'node:fs/promises';
+import { chmod, lstat, mkdir, open, readdir, readlink, rm, stat, symlink, link, utimes } from 'node:fs/promises';
 import { constants as osConstants } from 'node:os';
 import { posix } from 'node:path';
 import { FRAME, MAX_FRAME_BYTES, encodeFrame, jsonFrame, type FrameType } from './frames.ts';
@@ -22,9 +24,16 @@ import { MAX_USTAR_SIZE, TAR_END, dataPadding, readTar, tarHeader } from './mini
 
 export interface EndOfTurnConfig {
   workdir: string;
-  /** The workspace copy is not whole past this many bytes of tar. */
-  copyCapBytes: number;
+  /** The workspace copy is not whole past this many bytes of tar; null: no copy is taken. */
+  copyCapBytes: number | null;
   testsDir: string;
+  /**
+   * 'empty': the tests folder is this user's, emptied of what the agent left (the fleet's tasks);
+   * 'replace': removed whole, whatever it is, and made again (Harbor's `rm -rf /tests`, as root).
+   */
+  testsFolder: 'empty' | 'replace';
+  /** Files of the tests folder made executable once unpacked (Harbor's `chmod +x /tests/test.sh`). */
+  executable: string[];
   command: string;
   shell: string[];
   /** A reward-file task: /logs/verifier made afresh before, its reward files read after. */
@@ -174,8 +183,24 @@ async function readPayload(): Promise<Buffer> {
   return all.subarray(8, want);
 }
 
-/** The tests from their tar (entries under `tests/`) into `dir`, which is empty: no entry goes through a link or out of it. */
-async function unpackTests(tarBytes: Buffer, dir: string): Promise<void> {
+/** The parts in a payload: each an 8-byte big-endian length, then that many bytes. */
+function splitParts(payload: Buffer): Buffer[] {
+  const parts: Buffer[] = [];
+  for (let at = 0; at < payload.length;) {
+    if (payload.length - at < 8) throw new Error(`the tests payload ends inside a part's length (at byte ${at})`);
+    const end = at + 8 + Number(payload.readBigUInt64BE(at));
+    if (end > payload.length) throw new Error(`a tests part of ${end - at - 8} bytes passes the payload's end`);
+    parts.push(payload.subarray(at + 8, end));
+    at = end;
+  }
+  return parts;
+}
+
+/**
+ * The tests from their tars (entries under `tests/`, a later tar's files over an earlier's) into
+ * `dir`, which is empty: no entry goes through a link or out of it.
+ */
+async function unpackTests(tars: readonly Buffer[], dir: string): Promise<void> {
   const top = posix.basename(dir);
   const dirModes: Array<[string, number, Date]> = [];
   const made = new Set<string>(['']);
@@ -198,7 +223,7 @@ async function unpackTests(tarBytes: Buffer, dir: string): Promise<void> {
       made.add(sub);
     }
   };
-  for (const { header: h, data } of readTar(tarBytes)) {
+  for (const { header: h, data } of tars.flatMap((t) => readTar(t))) {
     const rel = within(h.name);
     const target = rel === '' ? dir : posix.join(dir, rel);
     const mode = h.mode & 0o777;
@@ -299,13 +324,25 @@ async function main(): Promise<number> {
     if (!ok) return FAILED_EXIT;
   }
   // 2. The workspace as the agent left it.
-  const copy = await copyWorkspace(config.workdir, config.copyCapBytes).catch((err: unknown) => ({ whole: false, bytes: 0, why: errText(err) }));
-  await write(jsonFrame(FRAME.workspaceEnd, copy));
+  const cap = config.copyCapBytes;
+  if (cap !== null) {
+    const copy = await copyWorkspace(config.workdir, cap).catch((err: unknown) => ({ whole: false, bytes: 0, why: errText(err) }));
+    await write(jsonFrame(FRAME.workspaceEnd, copy));
+  }
   // 3. The hidden tests.
   try {
-    const tests = await readPayload();
-    await empty(config.testsDir);
+    const tests = splitParts(await readPayload());
+    if (config.testsFolder === 'empty') await empty(config.testsDir);
+    else {
+      await rm(config.testsDir, { recursive: true, force: true });
+      await mkdir(config.testsDir, { mode: 0o755 });
+    }
     await unpackTests(tests, config.testsDir);
+    // As `chmod +x`: every x bit added, the link followed.
+    for (const name of config.executable) {
+      const file = posix.join(config.testsDir, name);
+      await chmod(file, ((await stat(file)).mode & 0o7777) | 0o111);
+    }
     await write(jsonFrame(FRAME.testsIn, { ok: true }));
   } catch (err) {
     await write(jsonFrame(FRAME.testsIn, { ok: false, why: errText(err), ...(errCode(err) !== undefined && { code: errCode(err) }) }));

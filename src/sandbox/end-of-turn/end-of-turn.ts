@@ -3,7 +3,9 @@
 // its stdin and a framed stream on its stdout: the workspace as the agent left it, the tests in, the
 // verifier's output and exit code, its reward files. Where the separate steps took a sweep exec, a
 // put of the tests, the verifier's exec (and for a reward-file task two execs more and a get), this is
-// one exec. The verifier's timeout starts when it does; the steps before it are bounded on their own.
+// one exec. A Harbor task's sandbox was restarted instead of swept (its agent may be root): the
+// program is the exec itself, run as root, with no shell of the image before it.
+// The verifier's timeout starts when it does; the steps before it are bounded on their own.
 import { FleetError } from '../../errors/fleet-error.ts';
 import { OutputCapture } from '../captured-output.ts';
 import { execIn, type ExecResult, type ExecTarget } from '../sandbox-exec.ts';
@@ -19,12 +21,19 @@ export const END_OF_TURN_PREPARE_MS = 30_000;
 export interface EndOfTurnOptions {
   runtimeMountPath: string;
   workdir: string;
-  copyCapBytes: number;
+  /** The workspace copy is not whole past this many bytes of tar; null: no copy is taken. */
+  copyCapBytes: number | null;
   testsDir: string;
-  /** The tests' tar, entries under the tests folder's name (partAsTar). */
-  tests: Buffer;
+  /** The tests' tars, entries under the tests folder's name (partAsTar), a later one's files over an earlier's. */
+  tests: readonly Buffer[];
   command: string;
   rewardFile: boolean;
+  /**
+   * A Harbor task's end of the turn, in a sandbox the engine restarted: no sweep, the program run as
+   * root with `env` (the verifier's), /tests replaced whole, `executable` made so, the verifier run by
+   * `shell`. Without it: the sweep, as the sandbox user, /tests emptied, `/bin/sh -c`.
+   */
+  restarted?: { env: Record<string, string>; shell: readonly string[]; executable: readonly string[] };
   verifierTimeoutMs: number;
   outputCapBytes: number;
   signal: AbortSignal;
@@ -51,17 +60,25 @@ export type EndOfTurn =
   | { outcome: 'failed'; why: string; workspaceTar?: Buffer }
   | { outcome: 'verified'; workspaceTar?: Buffer; verifyRun: ExecResult; reward?: RewardFiles };
 
+/** `data` after its length, 8 bytes big-endian. */
+function lengthPrefixed(data: Buffer): Buffer {
+  const length = Buffer.alloc(8);
+  length.writeBigUInt64BE(BigInt(data.length));
+  return Buffer.concat([length, data]);
+}
+
 const decode = (payload: Buffer) => JSON.parse(payload.toString('utf8')) as Record<string, unknown>;
 
 /** Run the end of the turn in `target` (the sandbox user's, with /bin/sh). */
 export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Promise<EndOfTurn> {
+  const { restarted } = opts;
   const config: EndOfTurnConfig = {
     workdir: opts.workdir, copyCapBytes: opts.copyCapBytes, testsDir: opts.testsDir,
-    command: opts.command, shell: ['/bin/sh', '-c'], rewardFile: opts.rewardFile,
+    testsFolder: restarted ? 'replace' : 'empty', executable: [...(restarted?.executable ?? [])],
+    command: opts.command, shell: [...(restarted?.shell ?? ['/bin/sh', '-c'])], rewardFile: opts.rewardFile,
   };
   const argv = [`${opts.runtimeMountPath}/bin/node.real`, `${opts.runtimeMountPath}/${END_OF_TURN_PATH}`, Buffer.from(JSON.stringify(config)).toString('base64')];
-  const length = Buffer.alloc(8);
-  length.writeBigUInt64BE(BigInt(opts.tests.length));
+  const payload = lengthPrefixed(Buffer.concat(opts.tests.map(lengthPrefixed)));
 
   const workspace: Buffer[] = [];
   let workspaceWhole = false;
@@ -109,12 +126,13 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
 
   let run: ExecResult;
   try {
-    run = await execIn({ ...target, shell: ['/bin/sh', '-c'] }, sweepThenExec(argv), {
+    run = await execIn(restarted ? target : { ...target, shell: ['/bin/sh', '-c'] }, restarted ? argv : sweepThenExec(argv), {
       // The outer bound: the verifier's own timeout is armed when it starts.
       timeoutMs: END_OF_TURN_PREPARE_MS + opts.verifierTimeoutMs + 10_000,
       capBytes: 1024,
       workdir: '/',
-      stdin: Buffer.concat([length, opts.tests]),
+      ...(restarted && { user: '0', env: restarted.env }),
+      stdin: payload,
       signal: AbortSignal.any([opts.signal, prepare.signal, verifierTimer.signal]),
       onStdout: (chunk) => reader.push(chunk),
     });
@@ -130,7 +148,7 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
   const workspaceTar = workspaceWhole ? Buffer.concat(workspace) : undefined;
   const copied = workspaceTar !== undefined ? { workspaceTar } : {};
   if (startedAt === undefined) {
-    if (run.exitCode === 3 && logsOk === undefined && testsIn === undefined && !workspaceWhole && workspace.length === 0) return { outcome: 'not-swept' };
+    if (!restarted && run.exitCode === 3 && logsOk === undefined && testsIn === undefined && !workspaceWhole && workspace.length === 0) return { outcome: 'not-swept' };
     if (logsOk === false) return { outcome: 'logs-need-root' };
     if (testsIn !== undefined && testsIn.ok !== true) {
       return { outcome: 'tests-failed', why: String(testsIn.why), ...(typeof testsIn.code === 'string' && { code: testsIn.code }), ...copied };
