@@ -116,7 +116,8 @@ async function collectEvidence(
     extraction = await keepWorkspace(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, tar, readSignal);
   }
   // A task graded by a reward file keeps /logs too (its reward files and whatever the verifier wrote there).
-  if (task.harbor || task.verify.reward === 'file') {
+  if ((task.harbor || task.verify.reward === 'file') && !(trail.logsCopy && await untilAborted(trail.logsCopy, signal))) {
+    // Unless the end of the turn copied it (kept while close began).
     const logs = await session.getArchive('/logs', signal);
     signal.addEventListener('abort', () => logs.destroy(), { once: true });
     await keepHarborLogs(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, logs, readSignal)

@@ -3,9 +3,24 @@
 // error of the step that stopped it; the reward of the files it left.
 import type { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
+import { keepHarborLogsEarly, keepWorkspaceEarly, type WorkspaceCopyDeps } from '../evidence/workspace-copy.ts';
 import type { EndOfTurn, RewardFiles } from '../sandbox/end-of-turn/end-of-turn.ts';
 import type { ExecResult, SandboxSession } from '../sandbox/sandbox-session.ts';
+import type { AttemptTrail, EpisodeAttempt } from './episode-attempt.ts';
 import { readReward, type Reward } from './reward-file.ts';
+
+/** A tar of the workspace is its files plus headers: this much past the snapshot's cap is still taken whole. */
+const SNAPSHOT_TAR_SLACK_BYTES = 1024 * 1024;
+
+/** Where the end of the turn stops copying a folder out (the workspace, /logs): the snapshot's cap and a tar's headers. */
+export const copyCapBytes = (deps: Pick<WorkspaceCopyDeps, 'snapshotLimits'>): number => deps.snapshotLimits.maxBytes + SNAPSHOT_TAR_SLACK_BYTES;
+
+/** The copies `end` brought out (the workspace as the agent left it, /logs after the verifier), kept as evidence while the episode goes on; close reads them from the trail. */
+export function keepCopies(deps: WorkspaceCopyDeps, attempt: EpisodeAttempt, trail: Pick<AttemptTrail, 'workspaceCopy' | 'logsCopy'>, end: EndOfTurn): void {
+  const of = { episodeId: attempt.job.episodeId, attempt: attempt.attempt };
+  if ('workspaceTar' in end && end.workspaceTar !== undefined) trail.workspaceCopy = keepWorkspaceEarly(deps, of, end.workspaceTar);
+  if (end.outcome === 'verified' && end.logsTar !== undefined) trail.logsCopy = keepHarborLogsEarly(deps, of, end.logsTar);
+}
 
 /**
  * The agent's failure when `err` (from writing into the sandbox) is its engine-enforced disk quota

@@ -179,6 +179,8 @@ export interface AttemptTrail {
   verifyRun: ExecResult | undefined;
   /** The workspace as the agent left it, copied by the sweep that stopped its processes, being kept as evidence. */
   workspaceCopy: Promise<ExtractReport | undefined> | undefined;
+  /** A reward-file task's /logs as the verifier left it, copied by the end-of-turn exec, being kept as evidence. */
+  logsCopy?: Promise<ExtractReport | undefined> | undefined;
   /** The checkpoint this attempt resumed from. */
   resumedFrom: number | undefined;
   /** Each phase's time, as far as the attempt got. */

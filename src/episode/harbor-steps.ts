@@ -103,7 +103,7 @@ export async function runHarborSteps(
     const tVerify = performance.now();
     // The model stays for the steps after this one: it goes before the last step is graded.
     // A separate verifier stops the agent's environment only after the last step (as Harbor's does).
-    const grade = await verifyHarbor(ran, deps, { ...made, proxy: last ? made.proxy : undefined }, session, trail, agentRun, ranHarbor, ['tests', `steps/${step.name}/tests`], last)
+    const grade = await verifyHarbor(ran, deps, { ...made, proxy: last ? made.proxy : undefined }, session, trail, agentRun, ranHarbor, { testsParts: ['tests', `steps/${step.name}/tests`], last })
       .finally(() => (trail.timings.verifyMs! += msSince(tVerify)));
     const metrics = grade.metrics ?? { reward: grade.reward ?? 0 };
     graded.push({ name: step.name, reward: grade.reward ?? 0, metrics });

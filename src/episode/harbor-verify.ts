@@ -17,7 +17,7 @@ import { passes } from '../tasks/batch-spec.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import type { AttemptTrail, EpisodeAttempt, Graded, SetUpResult } from './episode-attempt.ts';
 import { HARBOR_TESTS_RESET, HARBOR_VERIFIER_RESET, execAsRoot, runHealthcheck } from './harbor-checks.ts';
-import { rewardOfFiles, verifiedRun } from './end-of-turn-outcome.ts';
+import { copyCapBytes, keepCopies, rewardOfFiles, verifiedRun } from './end-of-turn-outcome.ts';
 import { readSandboxReward, type Reward } from './reward-file.ts';
 import { runVerifier, superviseVerifier } from './run-verifier.ts';
 import { verifySeparately, type SeparateVerifyDeps } from './separate-verifier.ts';
@@ -31,15 +31,19 @@ export async function verifyHarbor(
   deps: SeparateVerifyDeps,
   made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services' | 'runFolder' | 'image'>,
   session: SandboxSession,
-  trail: Pick<AttemptTrail, 'verifyRun'>,
+  trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy' | 'logsCopy'>,
   agentRun: AgentRun,
   harbor: HarborRun,
-  /** The folders of the task that make /tests, in order (a multi-step task's step puts its own over the task's). */
-  testsParts: readonly string[] = ['tests'],
-  /** Whether a separate verifier stops the agent's environment (not before the last step of several). */
-  stopsAgent = true,
+  /**
+   * A step of a multi-step task: the folders of the task that make /tests, in order (the step's own
+   * over the task's), and whether it is the last (a separate verifier stops the agent's environment
+   * only then). Undefined: the task's one step, whose workspace and /logs the end of its turn copies.
+   */
+  step?: { testsParts: readonly string[]; last: boolean },
 ): Promise<Graded> {
   const task: TaskSpec = attempt.job.task;
+  const testsParts = step?.testsParts ?? ['tests'];
+  const stopsAgent = step?.last ?? true;
   const deadline = new Deadline('verify', task.reserves.verifySec * 1000, attempt.signal);
   try {
     const before = await deadline.run('checking the sandbox', (signal) => session.state(signal));
@@ -56,7 +60,7 @@ export async function verifyHarbor(
     if (check) await deadline.run('waiting for the healthcheck again', (signal) => runHealthcheck(session, check, signal));
     const parts = testsParts.filter((p) => made.archive.has(p));
     const { reward, metrics } = asRoot(harbor.verifierUser || made.image.config.user)
-      ? await verifyInOneExec(attempt, deps, made, session, trail, harbor, deadline, parts)
+      ? await verifyInOneExec(attempt, deps, made, session, trail, harbor, deadline, parts, step === undefined)
       : await verifyStepByStep(attempt, deps, made, session, trail, harbor, deadline, parts);
     return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
   } finally {
@@ -74,20 +78,26 @@ type VerifyMade = Pick<SetUpResult, 'archive' | 'runtime' | 'runFolder'>;
 /** After the restart, as root, in one exec: /logs/verifier and /tests made afresh, the tests in, test.sh run, its reward files read. */
 async function verifyInOneExec(
   attempt: EpisodeAttempt, deps: SeparateVerifyDeps, made: VerifyMade, session: SandboxSession,
-  trail: Pick<AttemptTrail, 'verifyRun'>, harbor: HarborRun, deadline: Deadline, parts: readonly string[],
+  trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy' | 'logsCopy'>, harbor: HarborRun, deadline: Deadline, parts: readonly string[],
+  /** The workspace as the agent left it and /logs after the verifier, copied out by the same exec (not for a step of several: its /logs moves on). */
+  copies: boolean,
 ): Promise<Reward> {
   const task = attempt.job.task;
+  const cap = copyCapBytes(deps);
   const tests = await Promise.all(parts.map((part) => made.archive.partAsTar(part, TESTS_DIR, ROOT_OWNER)));
   // The grader's own network (its forwarder started after the restart: the agent's processes are gone).
   const egress = await openVerifierEgress(attempt, deps, made, session, deadline);
   try {
     let started: number | undefined;
     const end = await superviseVerifier(deadline, trail, task.verify.timeoutSec, () => started, (signal) => session.endTurn({
-      runtimeMountPath: made.runtime.mountPath, workdir: task.workdir, copyCapBytes: null, testsDir: TESTS_DIR, tests,
+      runtimeMountPath: made.runtime.mountPath, workdir: task.workdir, testsDir: TESTS_DIR, tests,
+      // A task working in / keeps /logs as its workspace (close's choice): the whole file system is not one.
+      copyCapBytes: copies && task.workdir !== '/' ? cap : null, ...(copies && { logsCapBytes: cap }),
       command: task.verify.command, rewardFile: true, verifierTimeoutMs: task.verify.timeoutSec * 1000, outputCapBytes: deps.outputCapBytes,
       restarted: { env: { ...harbor.verifierEnv, ...egress?.env }, shell: ['bash', '-c'], executable: ['test.sh'] },
       signal, onVerifierStart: () => (started = performance.now()),
     }), (e) => (e.outcome === 'verified' ? e.verifyRun : undefined));
+    keepCopies(deps, attempt, trail, end);
     await verifiedRun(end, session, deadline, task.limits.diskMb);
     return rewardOfFiles(end.outcome === 'verified' ? end.reward : undefined);
   } finally {

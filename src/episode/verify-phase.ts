@@ -12,13 +12,12 @@
 import type { AgentRun } from '../agent/agent.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
-import { keepWorkspaceEarly } from '../evidence/workspace-copy.ts';
 import { tarBuffer, tarFolderName } from '../archive/tar-buffer.ts';
 import { SANDBOX_USER, type SandboxSession } from '../sandbox/sandbox-session.ts';
 import { passes } from '../tasks/batch-spec.ts';
 import { HARBOR_VERIFIER_RESET } from './harbor-checks.ts';
 import { verifyHarbor } from './harbor-verify.ts';
-import { rewardOfFiles, verifiedRun } from './end-of-turn-outcome.ts';
+import { copyCapBytes, keepCopies, rewardOfFiles, verifiedRun } from './end-of-turn-outcome.ts';
 import { superviseVerifier } from './run-verifier.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, Graded, SetUpResult } from './episode-attempt.ts';
 
@@ -60,9 +59,6 @@ const ROOT_OWNER = { uid: 0, gid: 0 } as const;
  */
 const VERIFIER_LOGS_AS_ROOT = `if [ -d /logs/verifier ] && [ ! -L /logs/verifier ] && [ -z "$(ls -A /logs/verifier)" ]; then exit 0; fi; ${HARBOR_VERIFIER_RESET}`;
 
-/** A tar of the workspace is its files plus headers: this much past the snapshot's cap is still taken whole. */
-const SNAPSHOT_TAR_SLACK_BYTES = 1024 * 1024;
-
 /** The agent's process ended by a signal (exit 128+, or no code): its sandbox may have gone with it. */
 function killedBySignal(agentRun: AgentRun): boolean {
   return !agentRun.timedOut && (agentRun.exitCode === null || agentRun.exitCode >= 128);
@@ -73,7 +69,7 @@ export async function verify(
   deps: VerifyDeps,
   made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services' | 'image'>,
   session: SandboxSession,
-  trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy'>,
+  trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy' | 'logsCopy'>,
   agentRun: AgentRun,
 ): Promise<Graded> {
   const { task } = attempt.job;
@@ -96,7 +92,7 @@ export async function verify(
     let verifierStarted: number | undefined;
     const endTurn = () => superviseVerifier(deadline, trail, task.verify.timeoutSec, () => verifierStarted, (signal) => session.endTurn({
       runtimeMountPath: made.runtime.mountPath, workdir: task.workdir, testsDir: TESTS_DIR, tests: [tests],
-      copyCapBytes: deps.snapshotLimits.maxBytes + SNAPSHOT_TAR_SLACK_BYTES,
+      copyCapBytes: copyCapBytes(deps), ...(rewardFile && { logsCapBytes: copyCapBytes(deps) }),
       command: task.verify.command, rewardFile, verifierTimeoutMs: task.verify.timeoutSec * 1000, outputCapBytes: deps.outputCapBytes,
       signal, onVerifierStart: () => (verifierStarted = performance.now()),
     }), (end) => (end.outcome === 'verified' ? end.verifyRun : undefined));
@@ -127,7 +123,7 @@ export async function verify(
       end = await endTurn();
       if (end.outcome === 'not-swept' || end.outcome === 'logs-need-root') throw new FleetError('docker_error', `/logs/verifier could not be made afresh for the verifier (${end.outcome})`);
     }
-    if (end.workspaceTar !== undefined) trail.workspaceCopy = keepWorkspaceEarly(deps, { episodeId: attempt.job.episodeId, attempt: attempt.attempt }, end.workspaceTar);
+    keepCopies(deps, attempt, trail, end);
     const verifyRun = await verifiedRun(end, session, deadline, task.limits.diskMb);
     const status = (reward: number) => (agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed');
     if (rewardFile) {

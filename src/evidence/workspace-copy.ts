@@ -37,6 +37,18 @@ export async function keepHarborLogs(deps: Omit<WorkspaceCopyDeps, 'log'>, of: A
 }
 
 /**
+ * /logs as the end-of-turn exec copied it after the verifier, kept as keepHarborLogs keeps the engine's
+ * copy. Undefined when it could not be kept: its folder is emptied for the engine's copy.
+ */
+export function keepHarborLogsEarly(deps: WorkspaceCopyDeps, of: AttemptRef, tar: Buffer): Promise<ExtractReport | undefined> {
+  return keepHarborLogs(deps, of, Readable.from([tar])).catch(async (err: unknown) => {
+    deps.log.warn({ err: String(err) }, 'the end of the turn\'s copy of /logs could not be kept; close asks the engine');
+    await rm(path.join(deps.evidence.folder(of.episodeId, of.attempt), 'logs'), { recursive: true, force: true });
+    return undefined;
+  });
+}
+
+/**
  * The sweep's copy of the workspace, extracted while the verifier runs (so its bytes are not held
  * until close). Undefined when it could not be kept: its folder is emptied for the engine's copy.
  */

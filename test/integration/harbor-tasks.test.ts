@@ -75,7 +75,7 @@ describe('Harbor tasks', () => {
     expect(one(half, 'partial-credit')).toMatchObject({ status: 'failed', reward: 0.5, metrics: { reward: 0.5 } });
   });
 
-  it('grades a root verifier in one exec after the restart; a verifier of another user gets its own exec, as that user', async () => {
+  it('grades a root verifier in one exec after the restart, its copies of the workspace and /logs the evidence; a verifier of another user gets its own exec, as that user', async () => {
     // A copy of non-root-agent whose verifier runs as builder and says whether it did.
     const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-harbor-verifier-user-'));
     const asBuilder = path.join(dir, 'verifier-as-builder');
@@ -105,6 +105,13 @@ describe('Harbor tasks', () => {
       const root = await afterRestart('hello-file');
       expect(root.filter((a) => a.startsWith('exec_create'))).toEqual([expect.stringMatching(/^exec_create: \S+\/node\.real \S+\/end-of-turn\.cjs /)]);
       expect(root).not.toContain('extract-to-dir');
+      // Nor a get at close: the workspace as the agent left it and /logs after the verifier came out on the exec's stream.
+      expect(root).not.toContain('archive-path');
+      const evidence = path.join(env.dataDir, 'evidence', one(ran, 'hello-file').episodeId, 'attempt-1');
+      await expect(readFile(path.join(evidence, 'logs', 'verifier', 'reward.txt'), 'utf8')).resolves.toBe('1\n');
+      await expect(readFile(path.join(evidence, 'logs', 'agent', 'oracle.txt'), 'utf8')).resolves.toBeDefined();
+      const kept = JSON.parse(await readFile(path.join(evidence, 'evidence.json'), 'utf8')) as { workspace: { takenAt: string; added: string[] } };
+      expect(kept.workspace).toMatchObject({ takenAt: 'agent-stopped', added: expect.arrayContaining(['greeting.txt']) });
       const builder = await afterRestart('verifier-as-builder');
       expect(builder).toContain('exec_create: bash -c (/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1');
       expect(builder).toContain('extract-to-dir');

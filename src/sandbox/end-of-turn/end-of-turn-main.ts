@@ -12,7 +12,8 @@
 //      tar, a later part's files over an earlier's), never through a link and never outside /tests;
 //   4. the verifier (`shell command` in the workdir), its stdout and stderr as frames, and then this
 //      process exits with the verifier's exit code (128 + the signal that killed it);
-//   5. for a reward-file task, the reward files it left, read without following links.
+//   5. for a reward-file task, the reward files it left, read without following links, and /logs as a
+//      tar (capped as the workspace copy is), the evidence close would otherwise ask the engine for.
 // A failure before the verifier starts is a frame `F` and exit code 70.
 import { spawn } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
@@ -26,6 +27,8 @@ export interface EndOfTurnConfig {
   workdir: string;
   /** The workspace copy is not whole past this many bytes of tar; null: no copy is taken. */
   copyCapBytes: number | null;
+  /** The same for the copy of /logs after the verifier of a reward-file task. */
+  logsCapBytes: number | null;
   testsDir: string;
   /**
    * 'empty': the tests folder is this user's, emptied of what the agent left (the fleet's tasks);
@@ -36,7 +39,7 @@ export interface EndOfTurnConfig {
   executable: string[];
   command: string;
   shell: string[];
-  /** A reward-file task: /logs/verifier made afresh before, its reward files read after. */
+  /** A reward-file task: /logs/verifier made afresh before, its reward files and /logs read after. */
   rewardFile: boolean;
 }
 
@@ -93,9 +96,9 @@ async function resetVerifierLogs(): Promise<boolean> {
   return now !== undefined && now.isDirectory() && (await readdir('/logs/verifier').catch(() => ['?'])).length === 0;
 }
 
-/** The workspace as a tar on stdout, in frames; whether it came whole. Past `capBytes` the copy is
- * cut: the walk stops (a 16 GiB sparse file is not read at all) and the copy is not whole. */
-async function copyWorkspace(workdir: string, capBytes: number): Promise<{ whole: boolean; bytes: number; why?: string }> {
+/** The folder `workdir` as a tar on stdout, in frames of `type`; whether it came whole. Past `capBytes`
+ * the copy is cut: the walk stops (a 16 GiB sparse file is not read at all) and the copy is not whole. */
+async function copyFolder(workdir: string, capBytes: number, type: FrameType): Promise<{ whole: boolean; bytes: number; why?: string }> {
   const parent = posix.dirname(workdir);
   const base = posix.basename(workdir);
   let bytes = 0;
@@ -106,7 +109,7 @@ async function copyWorkspace(workdir: string, capBytes: number): Promise<{ whole
     const chunk = Buffer.concat(pending, pendingBytes);
     pending = [];
     pendingBytes = 0;
-    await writeChunks(FRAME.workspace, chunk);
+    await writeChunks(type, chunk);
   };
   /** Bytes of the tar, batched into frames of up to MAX_FRAME_BYTES. */
   const out = async (chunk: Buffer): Promise<void> => {
@@ -166,6 +169,9 @@ async function copyWorkspace(workdir: string, capBytes: number): Promise<{ whole
     return { whole: false, bytes, why: errText(err) };
   }
 }
+
+const copyOrWhy = (dir: string, cap: number, type: FrameType) =>
+  copyFolder(dir, cap, type).catch((err: unknown) => ({ whole: false, bytes: 0, why: errText(err) }));
 
 /** The payload on stdin: an 8-byte big-endian length, then that many bytes (stdin need not end). */
 async function readPayload(): Promise<Buffer> {
@@ -326,8 +332,7 @@ async function main(): Promise<number> {
   // 2. The workspace as the agent left it.
   const cap = config.copyCapBytes;
   if (cap !== null) {
-    const copy = await copyWorkspace(config.workdir, cap).catch((err: unknown) => ({ whole: false, bytes: 0, why: errText(err) }));
-    await write(jsonFrame(FRAME.workspaceEnd, copy));
+    await write(jsonFrame(FRAME.workspaceEnd, await copyOrWhy(config.workdir, cap, FRAME.workspace)));
   }
   // 3. The hidden tests.
   try {
@@ -360,6 +365,7 @@ async function main(): Promise<number> {
       ...(txt instanceof Buffer && { txt: txt.toString('base64') }),
       ...(notRegular !== undefined && { notRegular }),
     }));
+    if (config.logsCapBytes !== null) await write(jsonFrame(FRAME.logsEnd, await copyOrWhy('/logs', config.logsCapBytes, FRAME.logs)));
   }
   return code;
 }

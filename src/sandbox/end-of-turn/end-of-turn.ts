@@ -23,6 +23,8 @@ export interface EndOfTurnOptions {
   workdir: string;
   /** The workspace copy is not whole past this many bytes of tar; null: no copy is taken. */
   copyCapBytes: number | null;
+  /** The same for /logs, copied after the verifier of a reward-file task (undefined: none). */
+  logsCapBytes?: number;
   testsDir: string;
   /** The tests' tars, entries under the tests folder's name (partAsTar), a later one's files over an earlier's. */
   tests: readonly Buffer[];
@@ -58,7 +60,7 @@ export type EndOfTurn =
   | { outcome: 'tests-failed'; why: string; code?: string; workspaceTar?: Buffer }
   /** The program failed, or its stream broke, before the verifier started. */
   | { outcome: 'failed'; why: string; workspaceTar?: Buffer }
-  | { outcome: 'verified'; workspaceTar?: Buffer; verifyRun: ExecResult; reward?: RewardFiles };
+  | { outcome: 'verified'; workspaceTar?: Buffer; verifyRun: ExecResult; reward?: RewardFiles; logsTar?: Buffer };
 
 /** `data` after its length, 8 bytes big-endian. */
 function lengthPrefixed(data: Buffer): Buffer {
@@ -73,7 +75,7 @@ const decode = (payload: Buffer) => JSON.parse(payload.toString('utf8')) as Reco
 export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Promise<EndOfTurn> {
   const { restarted } = opts;
   const config: EndOfTurnConfig = {
-    workdir: opts.workdir, copyCapBytes: opts.copyCapBytes, testsDir: opts.testsDir,
+    workdir: opts.workdir, copyCapBytes: opts.copyCapBytes, logsCapBytes: opts.logsCapBytes ?? null, testsDir: opts.testsDir,
     testsFolder: restarted ? 'replace' : 'empty', executable: [...(restarted?.executable ?? [])],
     command: opts.command, shell: [...(restarted?.shell ?? ['/bin/sh', '-c'])], rewardFile: opts.rewardFile,
   };
@@ -82,6 +84,8 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
 
   const workspace: Buffer[] = [];
   let workspaceWhole = false;
+  const logs: Buffer[] = [];
+  let logsWhole = false;
   let testsIn: Record<string, unknown> | undefined;
   let logsOk: boolean | undefined;
   let failed: string | undefined;
@@ -121,7 +125,9 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
         ...(typeof r.txt === 'string' && { txt: Buffer.from(r.txt, 'base64') }),
         ...(typeof r.notRegular === 'string' && { notRegular: r.notRegular }),
       };
-    } else if (type === FRAME.failed) late ??= String(decode(payload).why);
+    } else if (type === FRAME.logs) logs.push(Buffer.from(payload));
+    else if (type === FRAME.logsEnd) logsWhole = decode(payload).whole === true;
+    else if (type === FRAME.failed) late ??= String(decode(payload).why);
   });
 
   let run: ExecResult;
@@ -168,5 +174,5 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
     stderr: stderr.result(),
     durationMs: Math.round(performance.now() - startedAt),
   };
-  return { outcome: 'verified', verifyRun, ...copied, ...(reward !== undefined && { reward }) };
+  return { outcome: 'verified', verifyRun, ...copied, ...(reward !== undefined && { reward }), ...(logsWhole ? { logsTar: Buffer.concat(logs) } : {}) };
 }

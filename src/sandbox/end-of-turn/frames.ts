@@ -22,6 +22,10 @@ export const FRAME = {
   stderr: 0x45, // 'E'
   /** JSON: the reward files the verifier left, `{ json?, txt? }` (base64; `notRegular` names one that is not a regular file). */
   reward: 0x52, // 'R'
+  /** A chunk of /logs's tar, as the verifier left it (a reward-file task's). */
+  logs: 0x47, // 'G'
+  /** JSON: the /logs copy's end, `{ whole, bytes, why? }`: `whole` false means the worker asks the engine at close. */
+  logsEnd: 0x67, // 'g'
   /** JSON: `{ why }`: the program failed before the verifier started. */
   failed: 0x46, // 'F'
 } as const;
