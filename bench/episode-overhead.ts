@@ -26,7 +26,8 @@
 //
 // Run: npm run build && npx tsx bench/episode-overhead.ts [--settings 1x1,1x2,1x4,2x8] [--episodes 12]
 //   [--rounds 3] [--pool 0] [--settle-sec 0] [--count-episodes 8] [--count-setting 1x2] [--no-count] [--no-timing]
-//   [--latency 0] [--task own|harbor]
+//   [--latency 0] [--task own|harbor] [--worker-prof DIR]
+// --worker-prof DIR: each worker process writes a V8 CPU profile into DIR when it stops.
 // --episodes N: episodes per setting and side, split over the rounds (each round at least 2 x the
 // setting's total concurrency); --pool N: passed to every worker as FLEET_SANDBOX_POOL (warm containers
 // per image per worker; 0 = off); --settle-sec: pause after the warm-up wave and after each fleet block
@@ -81,6 +82,7 @@ const { values } = parseArgs({
     'no-timing': { type: 'boolean', default: false },
     latency: { type: 'string', default: '0' },
     task: { type: 'string', default: 'own' },
+    'worker-prof': { type: 'string' },
   },
 });
 if (values.task !== 'own' && values.task !== 'harbor') throw new TypeError(`--task: expected own or harbor, got ${JSON.stringify(values.task)}`);
@@ -484,7 +486,8 @@ class Workers {
       LOG_LEVEL: 'warn', DOCKER_HOST: dockerHost, FLEET_SANDBOX_POOL: String(pool),
     };
     for (let i = 0; i < setting.workers; i++) {
-      this.children.push(spawn(process.execPath, [BIN, 'worker', '--concurrency', String(setting.concurrency)], {
+      const prof = values['worker-prof'] === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${values['worker-prof']}`];
+      this.children.push(spawn(process.execPath, [...prof, BIN, 'worker', '--concurrency', String(setting.concurrency)], {
         env: { ...env, FLEET_WORKER_ID: `ovh-${tag}-${i}` }, stdio: ['ignore', 'ignore', 'inherit'],
       }));
     }

@@ -19,9 +19,8 @@ export class OracleAgent implements Agent {
     if (harbor) {
       // As Harbor's oracle (H:agents/oracle.py): /solution owned by root, solve.sh made executable,
       // run from the workdir as the agent's user with [solution].env, its output in /logs/agent.
-      await ctx.session.putArchive(await ctx.archive.partAsTar(part, SOLUTION_DIR, { uid: 0, gid: 0 }), '/', ctx.signal);
-      const chmod = await ctx.session.exec(`chmod +x ${SOLUTION_DIR}/solve.sh`, { timeoutMs: 30_000, capBytes: 4096, user: '0', workdir: '/', signal: ctx.signal });
-      if (chmod.exitCode !== 0) throw new FleetError('docker_error', `making ${SOLUTION_DIR}/solve.sh executable failed (exit ${chmod.exitCode})`);
+      // (solve.sh executable in the tar itself: no chmod exec.)
+      await ctx.session.putArchive(await ctx.archive.partAsTar(part, SOLUTION_DIR, { uid: 0, gid: 0 }, [], ['solve.sh']), '/', ctx.signal);
       return ctx.session.exec(`(${SOLUTION_DIR}/solve.sh) > /logs/agent/oracle.txt 2>&1`, {
         timeoutMs: ctx.ceilingMs,
         capBytes: ctx.outputCapBytes,

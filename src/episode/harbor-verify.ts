@@ -105,7 +105,7 @@ async function verifyInOneExec(
   }
 }
 
-/** After the restart, one call each: root's execs, the tests' put, the verifier's own exec as its user, the reward files read through the engine. */
+/** After the restart, one call each: root's exec, the tests' put, the verifier's own exec as its user, the reward files read through the engine. */
 async function verifyStepByStep(
   attempt: EpisodeAttempt, deps: SeparateVerifyDeps, made: VerifyMade, session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun'>, harbor: HarborRun, deadline: Deadline, parts: readonly string[],
@@ -113,11 +113,11 @@ async function verifyStepByStep(
   const task = attempt.job.task;
   const asRootExec = (what: string, command: string) => execAsRoot(session, deadline, what, command);
   await asRootExec('emptying /logs/verifier and removing /tests', `${HARBOR_VERIFIER_RESET} && ${HARBOR_TESTS_RESET}`);
+  // test.sh executable in the tars themselves (as `chmod +x` after them would make it).
   for (const part of parts) {
-    const tests = await made.archive.partAsTar(part, TESTS_DIR, ROOT_OWNER);
+    const tests = await made.archive.partAsTar(part, TESTS_DIR, ROOT_OWNER, [], ['test.sh']);
     await deadline.run(`copying ${part}/ in`, (signal) => session.putArchive(tests, '/', signal));
   }
-  await asRootExec('making test.sh executable', `chmod +x ${TESTS_DIR}/test.sh`);
   const egress = await openVerifierEgress(attempt, deps, made, session, deadline);
   try {
     await runVerifier(session, deadline, trail, task.verify.command, task.verify.timeoutSec, {

@@ -83,9 +83,10 @@ export class TaskArchive {
   /**
    * A tar of the folder `part/` rebased to the absolute folder `dest`, for putArchive at "/": entry
    * names are relative to "/", owned by `owner`, with the destination folder itself as first entry;
-   * after `folders` (empty folders, each with its owner, mode 0755), when given.
+   * after `folders` (empty folders, each with its owner, mode 0755), when given. The files named in
+   * `executable` (relative to `part/`) get every x bit.
    */
-  async partAsTar(part: string, dest: string, owner: Owner, folders: readonly { path: string; owner: Owner }[] = []): Promise<Buffer> {
+  async partAsTar(part: string, dest: string, owner: Owner, folders: readonly { path: string; owner: Owner }[] = [], executable: readonly string[] = []): Promise<Buffer> {
     const base = tarFolderName(dest).slice(0, -1);
     const common = { mtime: new Date(0), uid: owner.uid, gid: owner.gid, uname: '', gname: '' };
     return tarBuffer((pack) => {
@@ -100,7 +101,8 @@ export class TaskArchive {
         const name = path.posix.join(base, rel);
         if (header.type === 'directory') pack.entry({ ...common, name: `${name}/`, type: 'directory', mode: header.mode ?? 0o755 });
         else if (header.type === 'symlink') pack.entry({ ...common, name, type: 'symlink', linkname: header.linkname ?? '', mode: 0o777 });
-        else pack.entry({ ...common, name, type: 'file', mode: header.mode ?? 0o644 }, data);
+        // As `chmod +x` would make them once copied in, without an exec for it.
+        else pack.entry({ ...common, name, type: 'file', mode: (header.mode ?? 0o644) | (executable.includes(rel) ? 0o111 : 0) }, data);
       }
     });
   }

@@ -2,7 +2,7 @@
 // environments built on the stand-in base images, the oracle passing where the task is right, an agent
 // that does nothing failing with the reward its verifier wrote, and every grader that could not grade
 // ending as an error with a kind, never a reward. A reward file the agent planted gives nothing.
-import { cp, mkdtemp, readFile, writeFile } from 'node:fs/promises';
+import { chmod, cp, mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -75,7 +75,7 @@ describe('Harbor tasks', () => {
     expect(one(half, 'partial-credit')).toMatchObject({ status: 'failed', reward: 0.5, metrics: { reward: 0.5 } });
   });
 
-  it('grades a root verifier in one exec after the restart, its copies of the workspace and /logs the evidence; a verifier of another user gets its own exec, as that user', async () => {
+  it('grades a root verifier in one exec after the restart, its copies of the workspace and /logs the evidence; a verifier of another user gets its own exec, as that user; scripts not executable are made so', async () => {
     // A copy of non-root-agent whose verifier runs as builder and says whether it did.
     const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-harbor-verifier-user-'));
     const asBuilder = path.join(dir, 'verifier-as-builder');
@@ -83,6 +83,10 @@ describe('Harbor tasks', () => {
     const toml = path.join(asBuilder, 'task.toml');
     await writeFile(toml, (await readFile(toml, 'utf8')).replace('[verifier]\n', '[verifier]\nuser = "builder"\n'));
     await writeFile(path.join(asBuilder, 'tests', 'test.sh'), '#!/bin/bash\nif [ "$(id -un)" = builder ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n');
+    // And hello-file with its scripts not executable: Harbor makes solve.sh and test.sh so itself.
+    const hello = path.join(dir, 'hello-file');
+    await cp(path.join(FIXTURES, 'hello-file'), hello, { recursive: true });
+    for (const task of [asBuilder, hello]) for (const script of ['solution/solve.sh', 'tests/test.sh']) await chmod(path.join(task, script), 0o644);
     const seen: Array<{ id: string; action: string }> = [];
     const events = await docker.getEvents({ filters: { type: ['container'], label: [`${LABEL.fleet}=${env.prefix}`] } });
     events.on('data', (chunk: Buffer) => {
@@ -92,7 +96,7 @@ describe('Harbor tasks', () => {
       }
     });
     try {
-      const ran = await run([path.join(FIXTURES, 'hello-file'), asBuilder], '{ kind: oracle }');
+      const ran = await run([hello, asBuilder], '{ kind: oracle }');
       /** What the engine did in the episode's sandbox from its restart (before grading) to its removal. */
       const afterRestart = async (id: string) => {
         const container = one(ran, id).sandbox?.containerId;
