@@ -6,7 +6,7 @@ import { EpisodeId } from '../ids/episode-id.ts';
 import { FAILURE_KINDS } from '../errors/failure-kind.ts';
 import { MAX_RETRIES_PER_KIND } from '../errors/retry-budgets.ts';
 import { AgentSpec, ModelOptions } from '../tasks/agent-spec.ts';
-import { MaxStaleRestarts, MaxStaleness, PassThreshold } from '../tasks/batch-spec.ts';
+import { AgentProcesses, MaxStaleRestarts, MaxStaleness, PassThreshold } from '../tasks/batch-spec.ts';
 import { PolicyVersionsSeen } from '../model/policy-versions.ts';
 import { TaskSpec } from '../tasks/task-spec.ts';
 
@@ -31,6 +31,8 @@ export const EpisodeJob = z.strictObject({
   maxStaleness: MaxStaleness.optional(),
   /** The batch's maxStaleRestarts. Unset: DEFAULT_MAX_STALE_RESTARTS. */
   maxStaleRestarts: MaxStaleRestarts.optional(),
+  /** The batch's agentProcesses (Harbor tasks, shared verifier). Unset: DEFAULT_AGENT_PROCESSES. */
+  agentProcesses: AgentProcesses.optional(),
   enqueuedAt: z.iso.datetime(),
 });
 export type EpisodeJob = z.infer<typeof EpisodeJob>;

@@ -13,7 +13,8 @@ import type { AgentRun } from '../agent/agent.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
 import type { SandboxSession } from '../sandbox/sandbox-session.ts';
-import { passes } from '../tasks/batch-spec.ts';
+import { DEFAULT_AGENT_PROCESSES, passes } from '../tasks/batch-spec.ts';
+import { hasEgress } from '../egress/network-grant.ts';
 import type { HarborRun, TaskSpec } from '../tasks/task-spec.ts';
 import type { AttemptTrail, EpisodeAttempt, Graded, SetUpResult } from './episode-attempt.ts';
 import { HARBOR_TESTS_RESET, HARBOR_VERIFIER_RESET, execAsRoot, runHealthcheck } from './harbor-checks.ts';
@@ -21,7 +22,9 @@ import { copyCapBytes, keepCopies, rewardOfFiles, verifiedRun } from './end-of-t
 import { readSandboxReward, type Reward } from './reward-file.ts';
 import { runVerifier, superviseVerifier } from './run-verifier.ts';
 import { verifySeparately, type SeparateVerifyDeps } from './separate-verifier.ts';
+import { phaseGrants } from './phase-egress.ts';
 import { openVerifierEgress } from './verifier-egress.ts';
+import { MODEL_FORWARDER_PATH } from '../agent/sandbox-programs.ts';
 
 const TESTS_DIR = '/tests';
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
@@ -53,14 +56,23 @@ export async function verifyHarbor(
       const { reward, metrics } = await verifySeparately(attempt, deps, made, session, trail, harbor, deadline, { testsParts, stopsAgent });
       return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
     }
-    // Every process of every user stops; files stay. The model goes before anything is graded.
-    await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
+    // The agent's processes run on into grading, as under Harbor (a server or VM it started is there
+    // for the tests), unless the batch says stop. Not with a grader's network of its own, which would be
+    // open to them, nor in a sandbox that stopped (the restart starts it again).
+    const keep = (attempt.job.agentProcesses ?? DEFAULT_AGENT_PROCESSES) === 'keep'
+      && !hasEgress(phaseGrants(task, deps.network)?.verifier) && before.running;
+    const restart = async () => {
+      // Every process of every user stops; files stay. The ENTRYPOINT starts the task's services again.
+      await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
+      const check = harbor.healthcheck;
+      if (check) await deadline.run('waiting for the healthcheck again', (signal) => runHealthcheck(session, check, signal));
+    };
+    // The model goes before anything is graded.
     await deadline.run('closing the model proxy', async () => made.proxy?.close());
-    const check = harbor.healthcheck;
-    if (check) await deadline.run('waiting for the healthcheck again', (signal) => runHealthcheck(session, check, signal));
+    if (!keep) await restart();
     const parts = testsParts.filter((p) => made.archive.has(p));
     const { reward, metrics } = asRoot(harbor.verifierUser || made.image.config.user)
-      ? await verifyInOneExec(attempt, deps, made, session, trail, harbor, deadline, parts, step === undefined)
+      ? await verifyInOneExec(attempt, deps, made, session, trail, harbor, deadline, parts, { copies: step === undefined, ...(keep && { restart }) })
       : await verifyStepByStep(attempt, deps, made, session, trail, harbor, deadline, parts);
     return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
   } finally {
@@ -79,8 +91,12 @@ type VerifyMade = Pick<SetUpResult, 'archive' | 'runtime' | 'runFolder'>;
 async function verifyInOneExec(
   attempt: EpisodeAttempt, deps: SeparateVerifyDeps, made: VerifyMade, session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy' | 'logsCopy'>, harbor: HarborRun, deadline: Deadline, parts: readonly string[],
-  /** The workspace as the agent left it and /logs after the verifier, copied out by the same exec (not for a step of several: its /logs moves on). */
-  copies: boolean,
+  how: {
+    /** The workspace as the agent left it and /logs after the verifier, copied out by the same exec (not for a step of several: its /logs moves on). */
+    copies: boolean;
+    /** With the agent's processes kept: what makes room when the exec cannot start (what the agent left took every pid). */
+    restart?: () => Promise<void>;
+  },
 ): Promise<Reward> {
   const task = attempt.job.task;
   const cap = copyCapBytes(deps);
@@ -89,14 +105,25 @@ async function verifyInOneExec(
   const egress = await openVerifierEgress(attempt, deps, made, session, deadline);
   try {
     let started: number | undefined;
-    const end = await superviseVerifier(deadline, trail, task.verify.timeoutSec, () => started, (signal) => session.endTurn({
+    const { copies } = how;
+    const endTurn = () => superviseVerifier(deadline, trail, task.verify.timeoutSec, () => started, (signal) => session.endTurn({
       runtimeMountPath: made.runtime.mountPath, workdir: task.workdir, testsDir: TESTS_DIR, tests,
       // A task working in / keeps /logs as its workspace (close's choice): the whole file system is not one.
       copyCapBytes: copies && task.workdir !== '/' ? cap : null, ...(copies && { logsCapBytes: cap }),
       command: task.verify.command, rewardFile: true, verifierTimeoutMs: task.verify.timeoutSec * 1000, outputCapBytes: deps.outputCapBytes,
-      restarted: { env: { ...harbor.verifierEnv, ...egress?.env }, shell: ['bash', '-c'], executable: ['test.sh'] },
+      // /logs/verifier root's 0755: the root verifier writes there, nothing the agent left running as another user can.
+      // With the agent's processes kept, the fleet's own forwarders of its phase go (their ports with them).
+      asRoot: {
+        env: { ...harbor.verifierEnv, ...egress?.env }, shell: ['bash', '-c'], executable: ['test.sh'], logsMode: 0o755,
+        ...(how.restart && { stopHelpers: [`${made.runtime.mountPath}/${MODEL_FORWARDER_PATH}`] }),
+      },
       signal, onVerifierStart: () => (started = performance.now()),
     }), (e) => (e.outcome === 'verified' ? e.verifyRun : undefined));
+    let end = await endTurn();
+    if (end.outcome === 'not-swept' && how.restart) {
+      await how.restart();
+      end = await endTurn();
+    }
     keepCopies(deps, attempt, trail, end);
     await verifiedRun(end, session, deadline, task.limits.diskMb);
     return rewardOfFiles(end.outcome === 'verified' ? end.reward : undefined);

@@ -71,6 +71,7 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
     ...(batch.passThreshold !== undefined && { passThreshold: batch.passThreshold }),
     ...(batch.maxStaleness !== undefined && { maxStaleness: batch.maxStaleness }),
     ...(batch.maxStaleRestarts !== undefined && { maxStaleRestarts: batch.maxStaleRestarts }),
+    ...(batch.agentProcesses !== undefined && { agentProcesses: batch.agentProcesses }),
     tasks: tasks.map(({ spec, digest }) => ({ spec, digest })),
   });
   const batchId = `${name}-${createHash('sha256').update(identity).digest('hex').slice(0, 12)}`;
@@ -100,6 +101,7 @@ export async function planBatch(loaded: LoadedBatch, now = new Date()): Promise<
       ...(batch.passThreshold !== undefined && { passThreshold: batch.passThreshold }),
       ...(batch.maxStaleness !== undefined && { maxStaleness: batch.maxStaleness }),
       ...(batch.maxStaleRestarts !== undefined && { maxStaleRestarts: batch.maxStaleRestarts }),
+      ...(batch.agentProcesses !== undefined && { agentProcesses: batch.agentProcesses }),
       enqueuedAt,
     });
     // A task's jobs differ in their id and sample only: when its first and last sample (the longest id)

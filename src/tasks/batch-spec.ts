@@ -30,6 +30,16 @@ export const MaxStaleness = z.number().int('expected a whole number of policy ve
 /** Stale restarts an episode may have before it ends with error policy_stale (src/model/policy-versions.ts). */
 export const MaxStaleRestarts = z.number().int('expected a whole number of restarts').min(0, 'expected 0 or more restarts').max(20, 'expected at most 20 restarts');
 
+/**
+ * A Harbor task's agent processes when its shared verifier grades (Harbor's default mode): 'keep' as
+ * Harbor does (a server or VM the agent started is still there for the tests), or 'stop' them first
+ * by a restart of the sandbox (nothing the agent left runs beside the grader; its ENTRYPOINT runs
+ * again). The fleet's own tasks always stop them (the sweep).
+ */
+export const AgentProcesses = z.enum(['keep', 'stop']);
+export type AgentProcesses = z.infer<typeof AgentProcesses>;
+export const DEFAULT_AGENT_PROCESSES: AgentProcesses = 'keep';
+
 export const BatchFile = z.strictObject({
   /** Shown in status and used as the start of the batch id. @default the file's base name */
   name: z
@@ -55,6 +65,8 @@ export const BatchFile = z.strictObject({
   maxStaleness: MaxStaleness.optional(),
   /** Stale restarts an episode may have; past them it ends with error policy_stale (kind model). @default 3 */
   maxStaleRestarts: MaxStaleRestarts.optional(),
+  /** Harbor tasks graded in the agent's container: its processes 'keep' running (Harbor's way) or 'stop' first. @default keep */
+  agentProcesses: AgentProcesses.optional(),
   defaults: TaskDefaults.default({}),
 });
 export type BatchFile = z.infer<typeof BatchFile>;

@@ -2,7 +2,7 @@
 // reward files, links /logs/verifier or /tests elsewhere, leaves processes (setsid, nohup, double forks,
 // renamed) to plant them later, poisons the keep-alive and the ENTRYPOINT the restart runs again, probes
 // the ways out of its container, exhausts pids, memory and disk, and kills PID 1. What docs/HARBOR.md
-// promises must hold: a reward comes only from the real test, nothing leaves the sandbox, every episode
+// promises must hold (a planter left running is stopped under agentProcesses: stop only): a reward comes only from the real test, nothing leaves the sandbox, every episode
 // ends with a grade or an error with a kind, nothing is left behind, and the worker goes on grading.
 import { readFile, readdir, stat, mkdtemp, writeFile } from 'node:fs/promises';
 import net from 'node:net';
@@ -56,10 +56,10 @@ describe('Harbor tasks against a hostile root agent', () => {
     await new Promise((resolve) => witness?.close(resolve));
   });
 
-  async function run(ids: string[]): Promise<Map<string, EpisodeResult>> {
+  async function run(ids: string[], more = ''): Promise<Map<string, EpisodeResult>> {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-harbor-hostile-'));
     const file = path.join(dir, 'batch.yaml');
-    await writeFile(file, `tasks: ${JSON.stringify(ids.map((id) => path.join(FIXTURES, id)))}\nagent: { kind: oracle }\nsamples: 1\n`);
+    await writeFile(file, `tasks: ${JSON.stringify(ids.map((id) => path.join(FIXTURES, id)))}\nagent: { kind: oracle }\nsamples: 1\n${more}`);
     const plan = await enqueueFile(env, file);
     const results = await waitForResults(env, plan.batchId, plan.jobs.length, 240_000);
     // Whatever the agents did to their sandboxes, none is left behind.
@@ -81,24 +81,39 @@ describe('Harbor tasks against a hostile root agent', () => {
     expect(ok, `${id} ended as ${JSON.stringify(r)}`).toBe(true);
   }
 
-  it('a planted reward, a link for /logs/verifier or /tests, a left-behind or resurrected planter: no reward but the real test\'s', async () => {
-    const byTask = await run(['honest', ...CHEATS, 'tests-file']);
-    cheats = byTask;
-    // The control: the same verifier passes a right answer, so the cheats below fail only for cheating.
-    expect(byTask.get('honest'), JSON.stringify(byTask.get('honest'))).toMatchObject({ status: 'passed', reward: 1 });
+  /** The cheats that got a reward in `byTask` (the real test writes none for a wrong answer: the only honest end is reward_file_missing). */
+  async function fooledIn(byTask: Map<string, EpisodeResult>, ids: readonly string[]): Promise<string[]> {
     const fooled: string[] = [];
-    for (const id of CHEATS) {
+    for (const id of ids) {
       const r = byTask.get(id)!;
-      // The real test writes no reward file for a wrong answer: the only honest end is reward_file_missing.
       if (r.reward !== null || r.status !== 'error' || r.error?.code !== 'reward_file_missing') {
         fooled.push(`${id}: ${JSON.stringify({ status: r.status, reward: r.reward, metrics: r.metrics, error: r.error })}\n  agent log: ${(await agentLog(r)).slice(0, 600)}`);
       }
     }
+    return fooled;
+  }
+
+  it('with the agent\'s processes stopped (agentProcesses: stop): a planted reward, a link for /logs/verifier or /tests, a left-behind or resurrected planter: no reward but the real test\'s', async () => {
+    const byTask = await run(['honest', ...CHEATS, 'tests-file'], 'agentProcesses: stop\n');
+    cheats = byTask;
+    // The control: the same verifier passes a right answer, so the cheats below fail only for cheating.
+    expect(byTask.get('honest'), JSON.stringify(byTask.get('honest'))).toMatchObject({ status: 'passed', reward: 1 });
+    const fooled = await fooledIn(byTask, CHEATS);
     expect(fooled, `FOOLED:\n${fooled.join('\n')}`).toEqual([]);
     // /tests a plain file: the tests cannot be copied in; an error of a kind, never a reward.
     const file = byTask.get('tests-file')!;
     expect(file, JSON.stringify(file)).toMatchObject({ status: 'error', reward: null });
     expect(file.error?.kind, JSON.stringify(file)).toBeTruthy();
+  }, 300_000);
+
+  it('with the agent\'s processes kept (Harbor\'s way, the default): every cheat but a root planter left running gets no reward either', async () => {
+    // A root agent's process that keeps writing the reward file wins here, as under Harbor (docs/HARBOR.md).
+    const kept = CHEATS.filter((id) => id !== 'daemons');
+    const byTask = await run(['honest', ...kept, 'tests-file']);
+    expect(byTask.get('honest'), JSON.stringify(byTask.get('honest'))).toMatchObject({ status: 'passed', reward: 1 });
+    const fooled = await fooledIn(byTask, kept);
+    expect(fooled, `FOOLED:\n${fooled.join('\n')}`).toEqual([]);
+    expect(byTask.get('tests-file'), JSON.stringify(byTask.get('tests-file'))).toMatchObject({ status: 'error', reward: null });
   }, 300_000);
 
   it('the evidence keeps /logs/agent and /logs/verifier, as HARBOR.md says, for the honest agent and the cheats alike', async () => {

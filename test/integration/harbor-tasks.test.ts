@@ -2,7 +2,7 @@
 // environments built on the stand-in base images, the oracle passing where the task is right, an agent
 // that does nothing failing with the reward its verifier wrote, and every grader that could not grade
 // ending as an error with a kind, never a reward. A reward file the agent planted gives nothing.
-import { chmod, cp, mkdtemp, readFile, writeFile } from 'node:fs/promises';
+import { chmod, cp, mkdtemp, readFile, readdir, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -26,10 +26,10 @@ describe('Harbor tasks', () => {
     await env?.close();
   });
 
-  async function run(tasks: string[], agent: string, samples = 1): Promise<Map<string, EpisodeResult[]>> {
+  async function run(tasks: string[], agent: string, samples = 1, more = ''): Promise<Map<string, EpisodeResult[]>> {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-harbor-'));
     const file = path.join(dir, 'batch.yaml');
-    await writeFile(file, `tasks: ${JSON.stringify(tasks)}\nagent: ${agent}\nsamples: ${samples}\n`);
+    await writeFile(file, `tasks: ${JSON.stringify(tasks)}\nagent: ${agent}\nsamples: ${samples}\n${more}`);
     const plan = await enqueueFile(env, file);
     const results = await waitForResults(env, plan.batchId, plan.jobs.length, 600_000);
     await waitForNoContainers(plan.batchId);
@@ -39,10 +39,13 @@ describe('Harbor tasks', () => {
   }
   const one = (m: Map<string, EpisodeResult[]>, id: string) => m.get(id)![0]!;
 
-  const GRADABLE = ['hello-file', 'chmod-copy', 'prebuilt-image', 'healthy-server', 'non-root-agent', 'env-vars', 'partial-credit', 'two-metrics', 'pytest-uvx'];
+  const GRADABLE = ['hello-file', 'chmod-copy', 'prebuilt-image', 'healthy-server', 'non-root-agent', 'env-vars', 'partial-credit', 'two-metrics', 'pytest-uvx', 'background-process'];
+  /** The fixtures of the first test's batch: all but planted-reward, whose left-behind planter (root's) is stopped only under agentProcesses: stop. */
+  const ALL_BUT_PLANTED = async () => (await readdir(FIXTURES)).filter((id) => id !== 'planted-reward').map((id) => path.join(FIXTURES, id));
 
   it('the oracle passes every gradable task; graders that cannot grade and broken environments are errors with a kind', async () => {
-    const byTask = await run([FIXTURES], '{ kind: oracle }');
+    const byTask = await run(await ALL_BUT_PLANTED(), '{ kind: oracle }');
+    const stopped = await run([path.join(FIXTURES, 'planted-reward'), path.join(FIXTURES, 'background-process')], '{ kind: oracle }', 1, 'agentProcesses: stop\n');
     for (const id of GRADABLE) {
       expect({ id, ...one(byTask, id) }, id).toMatchObject({ id, status: 'passed', reward: 1 });
     }
@@ -52,9 +55,15 @@ describe('Harbor tasks', () => {
     expect(one(byTask, 'hello-file').network).toEqual({ agent: { requested: 'public', applied: 'no-network' }, verifier: { requested: 'public', applied: 'no-network' } });
     expect(one(byTask, 'silent-verifier')).toMatchObject({ status: 'error', reward: null, error: { kind: 'verifier', code: 'reward_file_missing' } });
     expect(one(byTask, 'slow-verifier')).toMatchObject({ status: 'error', reward: null, error: { kind: 'verifier', code: 'verifier_timeout' } });
-    // The "solution" only plants reward files (and a process to plant them again): the verifier,
-    // which writes one only for a right answer, finds /logs/verifier empty.
-    expect(one(byTask, 'planted-reward')).toMatchObject({ status: 'error', reward: null, error: { code: 'reward_file_missing' } });
+    // The "solution" only plants reward files (and a process to plant them again): with the agent's
+    // processes stopped, the verifier, which writes one only for a right answer, finds /logs/verifier empty.
+    expect(one(stopped, 'planted-reward')).toMatchObject({ status: 'error', reward: null, error: { code: 'reward_file_missing' } });
+    // The process the task asked the agent to leave running: there for the tests when kept (above), gone when stopped.
+    expect(one(stopped, 'background-process')).toMatchObject({ status: 'failed', reward: 0 });
+    // Kept, a non-root agent's planter still runs while the tests do, and cannot write where the root verifier writes.
+    expect(one(byTask, 'non-root-planter')).toMatchObject({ status: 'error', reward: null, error: { code: 'reward_file_missing' } });
+    const planterLog = path.join(env.dataDir, 'evidence', one(byTask, 'non-root-planter').episodeId, 'attempt-1', 'logs', 'verifier', 'test-stdout.txt');
+    await expect(readFile(planterLog, 'utf8')).resolves.toContain('planter alive: yes');
     expect(one(byTask, 'broken-dockerfile')).toMatchObject({ status: 'error', reward: null, attempts: 1, error: { kind: 'invalid', code: 'environment_build_failed' } });
     expect(one(byTask, 'hanging-build')).toMatchObject({ status: 'error', reward: null, attempts: 1, error: { kind: 'invalid', code: 'environment_build_timeout' } });
     // The oracle's output is where Harbor puts it, and kept.
@@ -62,7 +71,7 @@ describe('Harbor tasks', () => {
     await expect(readFile(path.join(evidence, 'result.json'), 'utf8')).resolves.toContain('"reward": 1');
     await expect(readFile(path.join(evidence, 'logs', 'verifier', 'reward.txt'), 'utf8')).resolves.toBe('1\n');
     // The planted files are gone from what the verifier left: it wrote none, and none survived.
-    const planted = path.join(env.dataDir, 'evidence', one(byTask, 'planted-reward').episodeId, 'attempt-1', 'logs', 'verifier');
+    const planted = path.join(env.dataDir, 'evidence', one(stopped, 'planted-reward').episodeId, 'attempt-1', 'logs', 'verifier');
     await expect(readFile(path.join(planted, 'test-stdout.txt'), 'utf8')).resolves.toContain('checked');
     await expect(readFile(path.join(planted, 'reward.txt'), 'utf8')).rejects.toThrow(/ENOENT/);
   });
@@ -75,7 +84,7 @@ describe('Harbor tasks', () => {
     expect(one(half, 'partial-credit')).toMatchObject({ status: 'failed', reward: 0.5, metrics: { reward: 0.5 } });
   });
 
-  it('grades a root verifier in one exec after the restart, its copies of the workspace and /logs the evidence; a verifier of another user gets its own exec, as that user; scripts not executable are made so', async () => {
+  it('grades a root verifier in one exec after the agent, its copies of the workspace and /logs the evidence; a verifier of another user gets its own exec, as that user; scripts not executable are made so', async () => {
     // A copy of non-root-agent whose verifier runs as builder and says whether it did.
     const dir = await mkdtemp(path.join(os.tmpdir(), 'rf-harbor-verifier-user-'));
     const asBuilder = path.join(dir, 'verifier-as-builder');
@@ -97,16 +106,20 @@ describe('Harbor tasks', () => {
     });
     try {
       const ran = await run([hello, asBuilder], '{ kind: oracle }');
-      /** What the engine did in the episode's sandbox from its restart (before grading) to its removal. */
-      const afterRestart = async (id: string) => {
+      /** What the engine did in the episode's sandbox from the end of the oracle's exec to its removal. */
+      const afterAgent = async (id: string) => {
         const container = one(ran, id).sandbox?.containerId;
         await waitFor(`${id}'s destroy event`, async () => seen.some((e) => e.id === container && e.action === 'destroy'), 10_000);
         const mine = seen.filter((e) => e.id === container).map((e) => e.action);
-        return mine.slice(mine.lastIndexOf('restart') + 1);
+        const agent = mine.findIndex((a) => a.startsWith('exec_create: bash -c (/solution/solve.sh)'));
+        expect(agent, `${id}: the oracle's exec among ${mine.join(', ')}`).toBeGreaterThanOrEqual(0);
+        return mine.slice(mine.indexOf('exec_die', agent) + 1);
       };
       expect(one(ran, 'hello-file')).toMatchObject({ status: 'passed', reward: 1 });
       expect(one(ran, 'verifier-as-builder')).toMatchObject({ status: 'passed', reward: 1 });
-      const root = await afterRestart('hello-file');
+      const root = await afterAgent('hello-file');
+      // The agent's processes kept (no restart), then one exec of the end-of-turn program.
+      expect(root).not.toContain('restart');
       expect(root.filter((a) => a.startsWith('exec_create'))).toEqual([expect.stringMatching(/^exec_create: \S+\/node\.real \S+\/end-of-turn\.cjs /)]);
       expect(root).not.toContain('extract-to-dir');
       // Nor a get at close: the workspace as the agent left it and /logs after the verifier came out on the exec's stream.
@@ -116,7 +129,7 @@ describe('Harbor tasks', () => {
       await expect(readFile(path.join(evidence, 'logs', 'agent', 'oracle.txt'), 'utf8')).resolves.toBeDefined();
       const kept = JSON.parse(await readFile(path.join(evidence, 'evidence.json'), 'utf8')) as { workspace: { takenAt: string; added: string[] } };
       expect(kept.workspace).toMatchObject({ takenAt: 'agent-stopped', added: expect.arrayContaining(['greeting.txt']) });
-      const builder = await afterRestart('verifier-as-builder');
+      const builder = await afterAgent('verifier-as-builder');
       expect(builder).toContain('exec_create: bash -c (/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1');
       expect(builder).toContain('extract-to-dir');
     } finally {

@@ -281,7 +281,7 @@ describe('sandbox session', () => {
         runtimeMountPath: runtime.mountPath, workdir: '/workspace', testsDir: '/tests', copyCapBytes: null,
         tests: [await part({ 'test.sh': 'echo one\n', 'keep.txt': 'kept\n' }), await part({ 'test.sh': '#!/bin/sh\necho "two $FOO $(id -u)"; ls -A /tests; echo 0.25 > /logs/verifier/reward.txt\n' })],
         command: '/tests/test.sh', rewardFile: true, verifierTimeoutMs: 10_000, outputCapBytes: 64 * 1024,
-        restarted: { env: { FOO: 'bar' }, shell: ['/bin/sh', '-c'], executable: ['test.sh'] },
+        asRoot: { logsMode: 0o777, env: { FOO: 'bar' }, shell: ['/bin/sh', '-c'], executable: ['test.sh'] },
         signal: new AbortController().signal,
       });
       expect(ended.outcome).toBe('verified');

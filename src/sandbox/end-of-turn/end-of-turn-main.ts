@@ -1,9 +1,9 @@
 // The end of the agent's turn, inside the sandbox, as ONE exec (run by end-of-turn.ts), by the runtime
-// generation's own node, so nothing of the image's PATH runs here and nothing of the agent's is left to
-// run: for the fleet's own tasks the image's /bin/sh has already killed every process of the sandbox
-// user with builtins only (sweep.ts) and then exec'd this program; for a Harbor task the engine
-// restarted the sandbox and this program runs as root. In order, each step reported as a frame on
-// stdout (frames.ts):
+// generation's own node, so nothing of the image's PATH runs here: for the fleet's own tasks the
+// image's /bin/sh has already killed every process of the sandbox user with builtins only (sweep.ts)
+// and then exec'd this program, so nothing of the agent's is left to run; for a Harbor task this
+// program is the exec, as root, in a sandbox the engine restarted or with the agent's processes kept
+// (as Harbor keeps them). In order, each step reported as a frame on stdout (frames.ts):
 //   1. for a reward-file task, /logs/verifier made an empty real folder (or: it needs root);
 //   2. the workspace as the agent left it, as a tar (entries named as the engine's getArchive names
 //      them), capped; a file it cannot read makes the copy not whole (the worker asks the engine);
@@ -17,7 +17,7 @@
 // A failure before the verifier starts is a frame `F` and exit code 70.
 import { spawn } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
-import { chmod, lstat, mkdir, open, readdir, readlink, rm, stat, symlink, link, utimes } from 'node:fs/promises';
+import { chmod, lstat, mkdir, open, readdir, readFile, readlink, rm, stat, symlink, link, utimes } from 'node:fs/promises';
 import { constants as osConstants } from 'node:os';
 import { posix } from 'node:path';
 import { FRAME, MAX_FRAME_BYTES, encodeFrame, jsonFrame, type FrameType } from './frames.ts';
@@ -37,6 +37,13 @@ export interface EndOfTurnConfig {
   testsFolder: 'empty' | 'replace';
   /** Files of the tests folder made executable once unpacked (Harbor's `chmod +x /tests/test.sh`). */
   executable: string[];
+  /** The mode /logs/verifier is made with for a reward-file task (0777: any verifier user writes there). */
+  logsMode: number;
+  /**
+   * The fleet's own helpers left running (the phases' forwarders), named by an argument of theirs:
+   * killed first, as root, where the agent's processes are kept (their ports close before grading).
+   */
+  stopHelpers: string[];
   command: string;
   shell: string[];
   /** A reward-file task: /logs/verifier made afresh before, its reward files and /logs read after. */
@@ -61,6 +68,31 @@ async function writeChunks(type: FrameType, data: Buffer): Promise<void> {
 const errText = (err: unknown) => (err instanceof Error ? err.message : String(err));
 const errCode = (err: unknown) => (err as NodeJS.ErrnoException | undefined)?.code;
 
+/** KILL every process with one of `args` among its arguments, and wait (1 s at most) until none is left. */
+async function stopHelpers(args: readonly string[]): Promise<void> {
+  const matching = async (): Promise<number[]> => {
+    const pids: number[] = [];
+    for (const name of await readdir('/proc').catch(() => [] as string[])) {
+      if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
+      const argv = (await readFile(`/proc/${name}/cmdline`).catch(() => Buffer.alloc(0))).toString('utf8').split('\0');
+      if (argv.some((a) => args.includes(a))) pids.push(Number(name));
+    }
+    return pids;
+  };
+  for (let i = 0; i < 20; i++) {
+    const pids = await matching();
+    if (pids.length === 0) return;
+    for (const pid of pids) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // Gone already.
+      }
+    }
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
 /** Owner rwx on every folder under `dir` (not following links): what the sandbox user made, it may then remove. */
 async function openUp(dir: string): Promise<void> {
   await chmod(dir, 0o700).catch(() => undefined);
@@ -83,7 +115,7 @@ async function empty(dir: string): Promise<void> {
 }
 
 /** /logs/verifier as an empty real folder, made by the sandbox user; false when what is there needs root. */
-async function resetVerifierLogs(): Promise<boolean> {
+async function resetVerifierLogs(mode: number): Promise<boolean> {
   const logs = await lstat('/logs').catch(() => undefined);
   if (logs?.isDirectory() && logs.uid === process.getuid!()) await chmod('/logs', logs.mode | 0o700).catch(() => undefined);
   const v = await lstat('/logs/verifier').catch(() => undefined);
@@ -91,7 +123,7 @@ async function resetVerifierLogs(): Promise<boolean> {
     if (v.isDirectory() && v.uid === process.getuid!()) await openUp('/logs/verifier');
     await rm('/logs/verifier', { recursive: true, force: true }).catch(() => undefined);
   }
-  await mkdir('/logs/verifier', { recursive: true }).then(() => chmod('/logs/verifier', 0o777)).catch(() => undefined);
+  await mkdir('/logs/verifier', { recursive: true }).then(() => chmod('/logs/verifier', mode)).catch(() => undefined);
   const now = await lstat('/logs/verifier').catch(() => undefined);
   return now !== undefined && now.isDirectory() && (await readdir('/logs/verifier').catch(() => ['?'])).length === 0;
 }
@@ -323,9 +355,11 @@ async function runVerifier(config: EndOfTurnConfig): Promise<number> {
 
 async function main(): Promise<number> {
   const config = JSON.parse(Buffer.from(process.argv[2] ?? '', 'base64').toString('utf8')) as EndOfTurnConfig;
+  // 0. The fleet's helpers the agent's phase left.
+  if (config.stopHelpers.length > 0) await stopHelpers(config.stopHelpers);
   // 1. The verifier's log folder, before anything else: when it needs root, nothing has been done yet.
   if (config.rewardFile) {
-    const ok = await resetVerifierLogs();
+    const ok = await resetVerifierLogs(config.logsMode);
     await write(jsonFrame(FRAME.logsReset, { ok }));
     if (!ok) return FAILED_EXIT;
   }

@@ -3,8 +3,9 @@
 // its stdin and a framed stream on its stdout: the workspace as the agent left it, the tests in, the
 // verifier's output and exit code, its reward files. Where the separate steps took a sweep exec, a
 // put of the tests, the verifier's exec (and for a reward-file task two execs more and a get), this is
-// one exec. A Harbor task's sandbox was restarted instead of swept (its agent may be root): the
-// program is the exec itself, run as root, with no shell of the image before it.
+// one exec. A Harbor task's sandbox is not swept (its agent may be root: the engine restarts it, or
+// its processes are kept, as under Harbor): the program is the exec itself, run as root, with no
+// shell of the image before it.
 // The verifier's timeout starts when it does; the steps before it are bounded on their own.
 import { FleetError } from '../../errors/fleet-error.ts';
 import { OutputCapture } from '../captured-output.ts';
@@ -31,11 +32,14 @@ export interface EndOfTurnOptions {
   command: string;
   rewardFile: boolean;
   /**
-   * A Harbor task's end of the turn, in a sandbox the engine restarted: no sweep, the program run as
-   * root with `env` (the verifier's), /tests replaced whole, `executable` made so, the verifier run by
-   * `shell`. Without it: the sweep, as the sandbox user, /tests emptied, `/bin/sh -c`.
+   * A Harbor task's end of the turn: no sweep (the engine restarted the sandbox, or the agent's
+   * processes are kept, as Harbor keeps them), the program run as root with `env` (the verifier's),
+   * /logs/verifier made with `logsMode`, /tests replaced whole, `executable` made so, the verifier
+   * run by `shell`; the processes with an argument in `stopHelpers` (the fleet's forwarders) killed
+   * first. Without it: the sweep, as the sandbox user, /logs/verifier 0777, /tests emptied,
+   * `/bin/sh -c`.
    */
-  restarted?: { env: Record<string, string>; shell: readonly string[]; executable: readonly string[] };
+  asRoot?: { env: Record<string, string>; shell: readonly string[]; executable: readonly string[]; logsMode: number; stopHelpers?: readonly string[] };
   verifierTimeoutMs: number;
   outputCapBytes: number;
   signal: AbortSignal;
@@ -73,11 +77,12 @@ const decode = (payload: Buffer) => JSON.parse(payload.toString('utf8')) as Reco
 
 /** Run the end of the turn in `target` (the sandbox user's, with /bin/sh). */
 export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Promise<EndOfTurn> {
-  const { restarted } = opts;
+  const { asRoot } = opts;
   const config: EndOfTurnConfig = {
     workdir: opts.workdir, copyCapBytes: opts.copyCapBytes, logsCapBytes: opts.logsCapBytes ?? null, testsDir: opts.testsDir,
-    testsFolder: restarted ? 'replace' : 'empty', executable: [...(restarted?.executable ?? [])],
-    command: opts.command, shell: [...(restarted?.shell ?? ['/bin/sh', '-c'])], rewardFile: opts.rewardFile,
+    testsFolder: asRoot ? 'replace' : 'empty', executable: [...(asRoot?.executable ?? [])], logsMode: asRoot?.logsMode ?? 0o777,
+    stopHelpers: [...(asRoot?.stopHelpers ?? [])],
+    command: opts.command, shell: [...(asRoot?.shell ?? ['/bin/sh', '-c'])], rewardFile: opts.rewardFile,
   };
   const argv = [`${opts.runtimeMountPath}/bin/node.real`, `${opts.runtimeMountPath}/${END_OF_TURN_PATH}`, Buffer.from(JSON.stringify(config)).toString('base64')];
   const payload = lengthPrefixed(Buffer.concat(opts.tests.map(lengthPrefixed)));
@@ -132,12 +137,12 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
 
   let run: ExecResult;
   try {
-    run = await execIn(restarted ? target : { ...target, shell: ['/bin/sh', '-c'] }, restarted ? argv : sweepThenExec(argv), {
+    run = await execIn(asRoot ? target : { ...target, shell: ['/bin/sh', '-c'] }, asRoot ? argv : sweepThenExec(argv), {
       // The outer bound: the verifier's own timeout is armed when it starts.
       timeoutMs: END_OF_TURN_PREPARE_MS + opts.verifierTimeoutMs + 10_000,
       capBytes: 1024,
       workdir: '/',
-      ...(restarted && { user: '0', env: restarted.env }),
+      ...(asRoot && { user: '0', env: asRoot.env }),
       stdin: payload,
       signal: AbortSignal.any([opts.signal, prepare.signal, verifierTimer.signal]),
       onStdout: (chunk) => reader.push(chunk),
@@ -154,7 +159,7 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
   const workspaceTar = workspaceWhole ? Buffer.concat(workspace) : undefined;
   const copied = workspaceTar !== undefined ? { workspaceTar } : {};
   if (startedAt === undefined) {
-    if (!restarted && run.exitCode === 3 && logsOk === undefined && testsIn === undefined && !workspaceWhole && workspace.length === 0) return { outcome: 'not-swept' };
+    if (!asRoot && run.exitCode === 3 && logsOk === undefined && testsIn === undefined && !workspaceWhole && workspace.length === 0) return { outcome: 'not-swept' };
     if (logsOk === false) return { outcome: 'logs-need-root' };
     if (testsIn !== undefined && testsIn.ok !== true) {
       return { outcome: 'tests-failed', why: String(testsIn.why), ...(typeof testsIn.code === 'string' && { code: testsIn.code }), ...copied };
