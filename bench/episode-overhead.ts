@@ -17,6 +17,7 @@
 // command in /app. Its direct sequence is what a careful user of the built image writes by hand:
 // create, start, put /logs, exec the agent (bash -c), put the tests, exec test.sh into
 // /logs/verifier, get reward.txt, remove (the bench builds the image itself from the same Dockerfile).
+// --agent-processes: the Harbor batch's agentProcesses (unset: the fleet's default, keep).
 //
 // --latency N: N single episodes more, one at a time on an idle fleet (1 worker x 1) and an idle engine,
 // alternating with the direct sequence: each one's time from enqueue to its result (a one-episode
@@ -26,7 +27,7 @@
 //
 // Run: npm run build && npx tsx bench/episode-overhead.ts [--settings 1x1,1x2,1x4,2x8] [--episodes 12]
 //   [--rounds 3] [--pool 0] [--settle-sec 0] [--count-episodes 8] [--count-setting 1x2] [--no-count] [--no-timing]
-//   [--latency 0] [--task own|harbor] [--worker-prof DIR]
+//   [--latency 0] [--task own|harbor] [--agent-processes keep|stop] [--worker-prof DIR]
 // --worker-prof DIR: each worker process writes a V8 CPU profile into DIR when it stops.
 // --episodes N: episodes per setting and side, split over the rounds (each round at least 2 x the
 // setting's total concurrency); --pool N: passed to every worker as FLEET_SANDBOX_POOL (warm containers
@@ -83,6 +84,7 @@ const { values } = parseArgs({
     latency: { type: 'string', default: '0' },
     task: { type: 'string', default: 'own' },
     'worker-prof': { type: 'string' },
+    'agent-processes': { type: 'string' },
   },
 });
 if (values.task !== 'own' && values.task !== 'harbor') throw new TypeError(`--task: expected own or harbor, got ${JSON.stringify(values.task)}`);
@@ -320,7 +322,7 @@ async function writeHarborBatch(dir: string, name: string, opts: { samples: numb
   }
   const file = path.join(dir, `${name}.yaml`);
   await writeFile(file, `name: ${name}\ntasks: [${JSON.stringify(task)}]\nsamples: ${opts.samples}\nagent: { kind: command, command: ${JSON.stringify(opts.command)} }\n`
-    + 'defaults:\n  limits: { memoryMb: 128, cpus: 0.5, pids: 64 }\n');
+    + `${values['agent-processes'] === undefined ? '' : `agentProcesses: ${values['agent-processes']}\n`}defaults:\n  limits: { memoryMb: 128, cpus: 0.5, pids: 64 }\n`);
   return file;
 }
 

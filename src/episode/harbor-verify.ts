@@ -1,14 +1,16 @@
 // Verification of a Harbor task, as Harbor's shared verifier runs it (H:verifier/verifier.py) with
-// the fleet's guarantees added. The agent may have run as root, so no process of it is trusted to be
-// gone by a sweep of one user: the sandbox is restarted (the engine kills every process; the image's
-// ENTRYPOINT starts the task's services again, and its healthcheck is waited for again). Then, as
-// root, /logs/verifier is emptied (a planted reward file never counts), /tests is replaced by the
-// tests, and `(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1` runs as [verifier].user with
+// the fleet's guarantees added. What the agent left running keeps running into grading, as under
+// Harbor (a server or VM the task asked for is there for the tests), unless the batch says
+// `agentProcesses: stop`: then, since the agent may have run as root and no process of it is trusted to
+// be gone by a sweep of one user, the sandbox is restarted (the engine kills every process; the image's
+// ENTRYPOINT starts the task's services again, and its healthcheck is waited for again). Then, as root,
+// /logs/verifier is emptied (a reward file planted before grading never counts), /tests is replaced by
+// the tests, and `(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1` runs as [verifier].user with
 // [verifier].env. Its exit code is ignored: the reward file is the grade.
-// When the verifier runs as root (Harbor's tasks' usual case) all of that after the restart is ONE
-// exec, the end-of-turn program (src/sandbox/end-of-turn/) run as root by the runtime generation's
-// node; a verifier of another user gets the steps one call each (root's execs, the tests' put, its own
-// exec, the reward files read through the engine), so the engine itself makes it that user.
+// When the verifier runs as root (Harbor's tasks' usual case) all of that is ONE exec, the end-of-turn
+// program (src/sandbox/end-of-turn/) run as root by the runtime generation's node; a verifier of
+// another user gets the steps one call each after a restart (root's exec, the tests' put, its own exec,
+// the reward files read through the engine), so the engine itself makes it that user.
 import type { AgentRun } from '../agent/agent.ts';
 import { Deadline } from '../deadlines/deadline.ts';
 import { FleetError } from '../errors/fleet-error.ts';
@@ -59,8 +61,10 @@ export async function verifyHarbor(
     // The agent's processes run on into grading, as under Harbor (a server or VM it started is there
     // for the tests), unless the batch says stop. Not with a grader's network of its own, which would be
     // open to them, nor in a sandbox that stopped (the restart starts it again).
+    const rootVerifier = asRoot(harbor.verifierUser || made.image.config.user);
+    // (A verifier of another user could not stop the fleet's own forwarders, which are root's: a restart.)
     const keep = (attempt.job.agentProcesses ?? DEFAULT_AGENT_PROCESSES) === 'keep'
-      && !hasEgress(phaseGrants(task, deps.network)?.verifier) && before.running;
+      && !hasEgress(phaseGrants(task, deps.network)?.verifier) && before.running && rootVerifier;
     const restart = async () => {
       // Every process of every user stops; files stay. The ENTRYPOINT starts the task's services again.
       await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
@@ -71,7 +75,7 @@ export async function verifyHarbor(
     await deadline.run('closing the model proxy', async () => made.proxy?.close());
     if (!keep) await restart();
     const parts = testsParts.filter((p) => made.archive.has(p));
-    const { reward, metrics } = asRoot(harbor.verifierUser || made.image.config.user)
+    const { reward, metrics } = rootVerifier
       ? await verifyInOneExec(attempt, deps, made, session, trail, harbor, deadline, parts, { copies: step === undefined, ...(keep && { restart }) })
       : await verifyStepByStep(attempt, deps, made, session, trail, harbor, deadline, parts);
     return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
@@ -87,21 +91,21 @@ function asRoot(user: string | undefined): boolean {
 
 type VerifyMade = Pick<SetUpResult, 'archive' | 'runtime' | 'runFolder'>;
 
-/** After the restart, as root, in one exec: /logs/verifier and /tests made afresh, the tests in, test.sh run, its reward files read. */
+/** As root, in one exec (after the restart, if any): /logs/verifier and /tests made afresh, the tests in, test.sh run, its reward files read. */
 async function verifyInOneExec(
   attempt: EpisodeAttempt, deps: SeparateVerifyDeps, made: VerifyMade, session: SandboxSession,
   trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy' | 'logsCopy'>, harbor: HarborRun, deadline: Deadline, parts: readonly string[],
   how: {
     /** The workspace as the agent left it and /logs after the verifier, copied out by the same exec (not for a step of several: its /logs moves on). */
     copies: boolean;
-    /** With the agent's processes kept: what makes room when the exec cannot start (what the agent left took every pid). */
+    /** With the agent's processes kept: what makes room when the exec cannot start or run (what the agent left took every pid). */
     restart?: () => Promise<void>;
   },
 ): Promise<Reward> {
   const task = attempt.job.task;
   const cap = copyCapBytes(deps);
   const tests = await Promise.all(parts.map((part) => made.archive.partAsTar(part, TESTS_DIR, ROOT_OWNER)));
-  // The grader's own network (its forwarder started after the restart: the agent's processes are gone).
+  // The grader's own network (only after a restart: the agent's processes are gone).
   const egress = await openVerifierEgress(attempt, deps, made, session, deadline);
   try {
     let started: number | undefined;
@@ -120,7 +124,9 @@ async function verifyInOneExec(
       signal, onVerifierStart: () => (started = performance.now()),
     }), (e) => (e.outcome === 'verified' ? e.verifyRun : undefined));
     let end = await endTurn();
-    if (end.outcome === 'not-swept' && how.restart) {
+    // The exec could not start, or its program could not run (no pid or memory left by what the agent
+    // left running): once more after the restart, which frees them.
+    if ((end.outcome === 'not-swept' || end.outcome === 'failed') && how.restart) {
       await how.restart();
       end = await endTurn();
     }
