@@ -115,11 +115,13 @@ async function verifyInOneExec(
       // A task working in / keeps /logs as its workspace (close's choice): the whole file system is not one.
       copyCapBytes: copies && task.workdir !== '/' ? cap : null, ...(copies && { logsCapBytes: cap }),
       command: task.verify.command, rewardFile: true, verifierTimeoutMs: task.verify.timeoutSec * 1000, outputCapBytes: deps.outputCapBytes,
-      // /logs/verifier root's 0755: the root verifier writes there, nothing the agent left running as another user can.
-      // With the agent's processes kept, the fleet's own forwarders of its phase go (their ports with them).
+      // /logs/verifier root's 0755: the root verifier writes there, nothing the agent left running as
+      // another user can. With the agent's processes kept, /logs is made root's 0755 first (so none of
+      // them can swap /logs/verifier for a folder of its own), and the fleet's own forwarders of its
+      // phase go (their ports with them).
       asRoot: {
         env: { ...harbor.verifierEnv, ...egress?.env }, shell: ['bash', '-c'], executable: ['test.sh'], logsMode: 0o755,
-        ...(how.restart && { stopHelpers: [`${made.runtime.mountPath}/${MODEL_FORWARDER_PATH}`] }),
+        ...(how.restart && { lockLogs: true, stopHelpers: [`${made.runtime.mountPath}/${MODEL_FORWARDER_PATH}`] }),
       },
       signal, onVerifierStart: () => (started = performance.now()),
     }), (e) => (e.outcome === 'verified' ? e.verifyRun : undefined));

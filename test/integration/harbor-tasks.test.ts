@@ -60,7 +60,8 @@ describe('Harbor tasks', () => {
     expect(one(stopped, 'planted-reward')).toMatchObject({ status: 'error', reward: null, error: { code: 'reward_file_missing' } });
     // The process the task asked the agent to leave running: there for the tests when kept (above), gone when stopped.
     expect(one(stopped, 'background-process')).toMatchObject({ status: 'failed', reward: 0 });
-    // Kept, a non-root agent's planter still runs while the tests do, and cannot write where the root verifier writes.
+    // Kept, a non-root agent's planters still run while the tests do, and can neither write where the
+    // root verifier writes nor swap its folder for one of their own (failed before /logs was made root's 0755).
     expect(one(byTask, 'non-root-planter')).toMatchObject({ status: 'error', reward: null, error: { code: 'reward_file_missing' } });
     const planterLog = path.join(env.dataDir, 'evidence', one(byTask, 'non-root-planter').episodeId, 'attempt-1', 'logs', 'verifier', 'test-stdout.txt');
     await expect(readFile(planterLog, 'utf8')).resolves.toContain('planter alive: yes');

@@ -17,7 +17,7 @@
 // A failure before the verifier starts is a frame `F` and exit code 70.
 import { spawn } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
-import { chmod, lstat, mkdir, open, readdir, readFile, readlink, rm, stat, symlink, link, utimes } from 'node:fs/promises';
+import { chmod, chown, lstat, mkdir, open, readdir, readFile, readlink, rm, stat, symlink, link, utimes } from 'node:fs/promises';
 import { constants as osConstants } from 'node:os';
 import { posix } from 'node:path';
 import { FRAME, MAX_FRAME_BYTES, encodeFrame, jsonFrame, type FrameType } from './frames.ts';
@@ -39,6 +39,8 @@ export interface EndOfTurnConfig {
   executable: string[];
   /** The mode /logs/verifier is made with for a reward-file task (0777: any verifier user writes there). */
   logsMode: number;
+  /** /logs made root's 0755 first (as root, with the agent's processes kept). */
+  lockLogs: boolean;
   /**
    * The fleet's own helpers left running (the phases' forwarders), named by an argument of theirs:
    * killed first, as root, where the agent's processes are kept (their ports close before grading).
@@ -115,9 +117,14 @@ async function empty(dir: string): Promise<void> {
 }
 
 /** /logs/verifier as an empty real folder, made by the sandbox user; false when what is there needs root. */
-async function resetVerifierLogs(mode: number): Promise<boolean> {
+async function resetVerifierLogs(mode: number, lockLogs: boolean): Promise<boolean> {
   const logs = await lstat('/logs').catch(() => undefined);
-  if (logs?.isDirectory() && logs.uid === process.getuid!()) await chmod('/logs', logs.mode | 0o700).catch(() => undefined);
+  if (lockLogs && logs?.isDirectory()) {
+    // Root's 0755 from here, before /logs/verifier is made: nothing another user left running can then
+    // remove the verifier's folder or put its own in its place (its folders there stay its own).
+    await chown('/logs', 0, 0);
+    await chmod('/logs', 0o755);
+  } else if (logs?.isDirectory() && logs.uid === process.getuid!()) await chmod('/logs', logs.mode | 0o700).catch(() => undefined);
   const v = await lstat('/logs/verifier').catch(() => undefined);
   if (v !== undefined) {
     if (v.isDirectory() && v.uid === process.getuid!()) await openUp('/logs/verifier');
@@ -359,7 +366,7 @@ async function main(): Promise<number> {
   if (config.stopHelpers.length > 0) await stopHelpers(config.stopHelpers);
   // 1. The verifier's log folder, before anything else: when it needs root, nothing has been done yet.
   if (config.rewardFile) {
-    const ok = await resetVerifierLogs(config.logsMode);
+    const ok = await resetVerifierLogs(config.logsMode, config.lockLogs);
     await write(jsonFrame(FRAME.logsReset, { ok }));
     if (!ok) return FAILED_EXIT;
   }

@@ -36,10 +36,13 @@ export interface EndOfTurnOptions {
    * processes are kept, as Harbor keeps them), the program run as root with `env` (the verifier's),
    * /logs/verifier made with `logsMode`, /tests replaced whole, `executable` made so, the verifier
    * run by `shell`; the processes with an argument in `stopHelpers` (the fleet's forwarders) killed
-   * first. Without it: the sweep, as the sandbox user, /logs/verifier 0777, /tests emptied,
+   * first; with `lockLogs`, /logs made root's 0755 before /logs/verifier. Without it: the sweep, as the sandbox user, /logs/verifier 0777, /tests emptied,
    * `/bin/sh -c`.
    */
-  asRoot?: { env: Record<string, string>; shell: readonly string[]; executable: readonly string[]; logsMode: number; stopHelpers?: readonly string[] };
+  asRoot?: {
+    env: Record<string, string>; shell: readonly string[]; executable: readonly string[];
+    logsMode: number; lockLogs?: boolean; stopHelpers?: readonly string[];
+  };
   verifierTimeoutMs: number;
   outputCapBytes: number;
   signal: AbortSignal;
@@ -81,7 +84,7 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
   const config: EndOfTurnConfig = {
     workdir: opts.workdir, copyCapBytes: opts.copyCapBytes, logsCapBytes: opts.logsCapBytes ?? null, testsDir: opts.testsDir,
     testsFolder: asRoot ? 'replace' : 'empty', executable: [...(asRoot?.executable ?? [])], logsMode: asRoot?.logsMode ?? 0o777,
-    stopHelpers: [...(asRoot?.stopHelpers ?? [])],
+    stopHelpers: [...(asRoot?.stopHelpers ?? [])], lockLogs: asRoot?.lockLogs === true,
     command: opts.command, shell: [...(asRoot?.shell ?? ['/bin/sh', '-c'])], rewardFile: opts.rewardFile,
   };
   const argv = [`${opts.runtimeMountPath}/bin/node.real`, `${opts.runtimeMountPath}/${END_OF_TURN_PATH}`, Buffer.from(JSON.stringify(config)).toString('base64')];
