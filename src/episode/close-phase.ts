@@ -140,6 +140,8 @@ async function collectEvidence(
       verifier: trail.verifyRun && { stdout: capInfo(trail.verifyRun.stdout), stderr: capInfo(trail.verifyRun.stderr) },
       workspace: { takenAt, added: changes.added, removed: changes.removed, modified: changes.modified, extraction: { ...extraction, files: extraction.files.length } },
       oomKilled: closed.oomKilled,
+      // What ran beside a Harbor task's grader when the agent's processes were kept (pid, uid, command).
+      ...(trail.grading?.beside && { besideGrader: trail.grading.beside }),
     }),
   ]);
   await publish(attempt, deps, signal);

@@ -30,6 +30,7 @@ import type { TaskImage } from '../environments/task-environment.ts';
 import type { TaskSpec } from '../tasks/task-spec.ts';
 import type { SandboxRuntime } from '../sandbox/sandbox-runtime.ts';
 import type { NetworkSettings } from '../egress/network-grant.ts';
+import type { BesideProcess } from '../sandbox/end-of-turn/end-of-turn.ts';
 
 export interface EpisodeDeps {
   docker: Docker;
@@ -179,6 +180,8 @@ export interface AttemptTrail {
   verifyRun: ExecResult | undefined;
   /** The workspace as the agent left it, copied by the sweep that stopped its processes, being kept as evidence. */
   workspaceCopy: Promise<ExtractReport | undefined> | undefined;
+  /** A Harbor task's shared grading: whether the agent's processes ran on beside the grader, and which did. */
+  grading?: { agentProcesses: 'kept' | 'stopped'; beside?: { processes: BesideProcess[]; more: number } } | undefined;
   /** A reward-file task's /logs as the verifier left it, copied by the end-of-turn exec, being kept as evidence. */
   logsCopy?: Promise<ExtractReport | undefined> | undefined;
   /** The checkpoint this attempt resumed from. */

@@ -83,6 +83,12 @@ export const EpisodeResult = z.object({
     agent: z.object({ requested: z.string(), applied: z.string(), allowedHosts: z.array(z.string()).optional() }),
     verifier: z.object({ requested: z.string(), applied: z.string(), allowedHosts: z.array(z.string()).optional() }),
   }).optional(),
+  /**
+   * A Harbor task graded in the agent's container: whether the agent's processes ran on beside the
+   * grader (`kept`, the batch's agentProcesses: keep) or were stopped by a restart, and how many
+   * processes ran beside it (evidence.json lists them).
+   */
+  grading: z.object({ agentProcesses: z.enum(['kept', 'stopped']), beside: z.number().int().min(0).optional() }).optional(),
   agent: Captured.optional(),
   verifier: Captured.optional(),
   /** The runtime generation the sandbox mounted, whether it was already installed, and preparation time. */

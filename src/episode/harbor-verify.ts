@@ -36,7 +36,7 @@ export async function verifyHarbor(
   deps: SeparateVerifyDeps,
   made: Pick<SetUpResult, 'archive' | 'proxy' | 'runtime' | 'verifierImage' | 'services' | 'runFolder' | 'image'>,
   session: SandboxSession,
-  trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy' | 'logsCopy'>,
+  trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy' | 'logsCopy' | 'grading'>,
   agentRun: AgentRun,
   harbor: HarborRun,
   /**
@@ -73,6 +73,7 @@ export async function verifyHarbor(
     };
     // The model goes before anything is graded.
     await deadline.run('closing the model proxy', async () => made.proxy?.close());
+    trail.grading = { agentProcesses: keep ? 'kept' : 'stopped' };
     if (!keep) await restart();
     const parts = testsParts.filter((p) => made.archive.has(p));
     const { reward, metrics } = rootVerifier
@@ -94,7 +95,7 @@ type VerifyMade = Pick<SetUpResult, 'archive' | 'runtime' | 'runFolder'>;
 /** As root, in one exec (after the restart, if any): /logs/verifier and /tests made afresh, the tests in, test.sh run, its reward files read. */
 async function verifyInOneExec(
   attempt: EpisodeAttempt, deps: SeparateVerifyDeps, made: VerifyMade, session: SandboxSession,
-  trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy' | 'logsCopy'>, harbor: HarborRun, deadline: Deadline, parts: readonly string[],
+  trail: Pick<AttemptTrail, 'verifyRun' | 'workspaceCopy' | 'logsCopy' | 'grading'>, harbor: HarborRun, deadline: Deadline, parts: readonly string[],
   how: {
     /** The workspace as the agent left it and /logs after the verifier, copied out by the same exec (not for a step of several: its /logs moves on). */
     copies: boolean;
@@ -110,6 +111,7 @@ async function verifyInOneExec(
   try {
     let started: number | undefined;
     const { copies } = how;
+    const kept = () => trail.grading?.agentProcesses === 'kept';
     const endTurn = () => superviseVerifier(deadline, trail, task.verify.timeoutSec, () => started, (signal) => session.endTurn({
       runtimeMountPath: made.runtime.mountPath, workdir: task.workdir, testsDir: TESTS_DIR, tests,
       // A task working in / keeps /logs as its workspace (close's choice): the whole file system is not one.
@@ -121,7 +123,7 @@ async function verifyInOneExec(
       // phase go (their ports with them).
       asRoot: {
         env: { ...harbor.verifierEnv, ...egress?.env }, shell: ['bash', '-c'], executable: ['test.sh'], logsMode: 0o755,
-        ...(how.restart && { lockLogs: true, stopHelpers: [`${made.runtime.mountPath}/${MODEL_FORWARDER_PATH}`] }),
+        ...(kept() && { lockLogs: true, listBeside: true, stopHelpers: [`${made.runtime.mountPath}/${MODEL_FORWARDER_PATH}`] }),
       },
       signal, onVerifierStart: () => (started = performance.now()),
     }), (e) => (e.outcome === 'verified' ? e.verifyRun : undefined));
@@ -130,8 +132,10 @@ async function verifyInOneExec(
     // left running): once more after the restart, which frees them.
     if ((end.outcome === 'not-swept' || end.outcome === 'failed') && how.restart) {
       await how.restart();
+      trail.grading = { agentProcesses: 'stopped' };
       end = await endTurn();
     }
+    if (end.outcome === 'verified' && end.beside && kept()) trail.grading = { agentProcesses: 'kept', beside: end.beside };
     keepCopies(deps, attempt, trail, end);
     await verifiedRun(end, session, deadline, task.limits.diskMb);
     return rewardOfFiles(end.outcome === 'verified' ? end.reward : undefined);

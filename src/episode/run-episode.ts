@@ -164,6 +164,7 @@ function assembleResult(
     },
     // What each phase asked for and what it got under the operator's ceiling (src/egress/network-grant.ts).
     ...(harbor && { network: grantNetwork(harbor, network ?? DEFAULT_NETWORK) }),
+    ...(trail.grading && { grading: { agentProcesses: trail.grading.agentProcesses, ...(trail.grading.beside && { beside: trail.grading.beside.processes.length + trail.grading.beside.more }) } }),
     ...(runtime && { runtime: { generationId: runtime.generationId, warm: runtime.warm, prepareMs: runtime.prepareMs } }),
     ...(lease.containerId !== undefined && { sandbox: { containerId: lease.containerId, pooled: lease.pooled, ...(lease.seeded && { seeded: true }) } }),
     ...(agentRun && { agent: summary(agentRun) }),

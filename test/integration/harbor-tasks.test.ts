@@ -59,7 +59,13 @@ describe('Harbor tasks', () => {
     // processes stopped, the verifier, which writes one only for a right answer, finds /logs/verifier empty.
     expect(one(stopped, 'planted-reward')).toMatchObject({ status: 'error', reward: null, error: { code: 'reward_file_missing' } });
     // The process the task asked the agent to leave running: there for the tests when kept (above), gone when stopped.
-    expect(one(stopped, 'background-process')).toMatchObject({ status: 'failed', reward: 0 });
+    expect(one(stopped, 'background-process')).toMatchObject({ status: 'failed', reward: 0, grading: { agentProcesses: 'stopped' } });
+    // Kept, the result says so and counts what ran beside the grader; the evidence names it.
+    const kept = one(byTask, 'background-process');
+    expect(kept.grading?.agentProcesses).toBe('kept');
+    expect(kept.grading?.beside).toBeGreaterThanOrEqual(1);
+    const keptEvidence = JSON.parse(await readFile(path.join(env.dataDir, 'evidence', kept.episodeId, 'attempt-1', 'evidence.json'), 'utf8')) as { besideGrader: { processes: Array<{ uid: number; cmd: string }> } };
+    expect(keptEvidence.besideGrader.processes).toContainEqual(expect.objectContaining({ uid: 0, cmd: expect.stringContaining('/tmp/heartbeat') }));
     // Kept, a non-root agent's planters still run while the tests do, and can neither write where the
     // root verifier writes nor swap its folder for one of their own (failed before /logs was made root's 0755).
     expect(one(byTask, 'non-root-planter')).toMatchObject({ status: 'error', reward: null, error: { code: 'reward_file_missing' } });

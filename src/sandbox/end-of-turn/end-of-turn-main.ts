@@ -46,6 +46,8 @@ export interface EndOfTurnConfig {
    * killed first, as root, where the agent's processes are kept (their ports close before grading).
    */
   stopHelpers: string[];
+  /** List the processes left beside the grader (all but this one and PID 1) in a frame, before anything else. */
+  listBeside: boolean;
   command: string;
   shell: string[];
   /** A reward-file task: /logs/verifier made afresh before, its reward files and /logs read after. */
@@ -93,6 +95,24 @@ async function stopHelpers(args: readonly string[]): Promise<void> {
     }
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
+}
+
+/** The processes of the sandbox but this one and PID 1: pid, uid and command line (capped), at most `max`. */
+async function besideProcesses(max = 100): Promise<{ processes: Array<{ pid: number; uid: number; cmd: string }>; more: number }> {
+  const processes: Array<{ pid: number; uid: number; cmd: string }> = [];
+  let more = 0;
+  for (const name of await readdir('/proc').catch(() => [] as string[])) {
+    if (!/^\d+$/.test(name) || Number(name) === process.pid || name === '1') continue;
+    const status = await readFile(`/proc/${name}/status`, 'utf8').catch(() => undefined);
+    if (status === undefined || /^State:\s+Z/m.test(status)) continue;
+    if (processes.length >= max) {
+      more += 1;
+      continue;
+    }
+    const cmd = (await readFile(`/proc/${name}/cmdline`).catch(() => Buffer.alloc(0))).toString('utf8').split('\0').filter(Boolean).join(' ');
+    processes.push({ pid: Number(name), uid: Number(/^Uid:\s+(\d+)/m.exec(status)?.[1] ?? -1), cmd: cmd.slice(0, 200) });
+  }
+  return { processes, more };
 }
 
 /** Owner rwx on every folder under `dir` (not following links): what the sandbox user made, it may then remove. */
@@ -364,6 +384,7 @@ async function main(): Promise<number> {
   const config = JSON.parse(Buffer.from(process.argv[2] ?? '', 'base64').toString('utf8')) as EndOfTurnConfig;
   // 0. The fleet's helpers the agent's phase left.
   if (config.stopHelpers.length > 0) await stopHelpers(config.stopHelpers);
+  if (config.listBeside) await write(jsonFrame(FRAME.beside, await besideProcesses()));
   // 1. The verifier's log folder, before anything else: when it needs root, nothing has been done yet.
   if (config.rewardFile) {
     const ok = await resetVerifierLogs(config.logsMode, config.lockLogs);

@@ -42,6 +42,8 @@ export interface EndOfTurnOptions {
   asRoot?: {
     env: Record<string, string>; shell: readonly string[]; executable: readonly string[];
     logsMode: number; lockLogs?: boolean; stopHelpers?: readonly string[];
+    /** The processes beside the grader listed (EndOfTurn's `beside`). */
+    listBeside?: boolean;
   };
   verifierTimeoutMs: number;
   outputCapBytes: number;
@@ -49,6 +51,9 @@ export interface EndOfTurnOptions {
   /** Called when the verifier starts. */
   onVerifierStart?: () => void;
 }
+
+/** A process that ran beside the grader, as /proc said (its command line capped at 200 characters). */
+export interface BesideProcess { pid: number; uid: number; cmd: string }
 
 /** The reward files as the verifier left them (read without following links). */
 export interface RewardFiles {
@@ -67,13 +72,23 @@ export type EndOfTurn =
   | { outcome: 'tests-failed'; why: string; code?: string; workspaceTar?: Buffer }
   /** The program failed, or its stream broke, before the verifier started. */
   | { outcome: 'failed'; why: string; workspaceTar?: Buffer }
-  | { outcome: 'verified'; workspaceTar?: Buffer; verifyRun: ExecResult; reward?: RewardFiles; logsTar?: Buffer };
+  | { outcome: 'verified'; workspaceTar?: Buffer; verifyRun: ExecResult; reward?: RewardFiles; logsTar?: Buffer; beside?: { processes: BesideProcess[]; more: number } };
 
 /** `data` after its length, 8 bytes big-endian. */
 function lengthPrefixed(data: Buffer): Buffer {
   const length = Buffer.alloc(8);
   length.writeBigUInt64BE(BigInt(data.length));
   return Buffer.concat([length, data]);
+}
+
+/** The beside frame's list, each field checked (the program wrote it, but as root in the agent's sandbox). */
+function besideOf(value: Record<string, unknown>): { processes: BesideProcess[]; more: number } {
+  const list = Array.isArray(value.processes) ? value.processes as unknown[] : [];
+  const processes = list.slice(0, 100).flatMap((p) => {
+    const r = p as Record<string, unknown>;
+    return typeof r.pid === 'number' && typeof r.uid === 'number' && typeof r.cmd === 'string' ? [{ pid: r.pid, uid: r.uid, cmd: r.cmd.slice(0, 200) }] : [];
+  });
+  return { processes, more: typeof value.more === 'number' ? value.more : 0 };
 }
 
 const decode = (payload: Buffer) => JSON.parse(payload.toString('utf8')) as Record<string, unknown>;
@@ -84,7 +99,7 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
   const config: EndOfTurnConfig = {
     workdir: opts.workdir, copyCapBytes: opts.copyCapBytes, logsCapBytes: opts.logsCapBytes ?? null, testsDir: opts.testsDir,
     testsFolder: asRoot ? 'replace' : 'empty', executable: [...(asRoot?.executable ?? [])], logsMode: asRoot?.logsMode ?? 0o777,
-    stopHelpers: [...(asRoot?.stopHelpers ?? [])], lockLogs: asRoot?.lockLogs === true,
+    stopHelpers: [...(asRoot?.stopHelpers ?? [])], lockLogs: asRoot?.lockLogs === true, listBeside: asRoot?.listBeside === true,
     command: opts.command, shell: [...(asRoot?.shell ?? ['/bin/sh', '-c'])], rewardFile: opts.rewardFile,
   };
   const argv = [`${opts.runtimeMountPath}/bin/node.real`, `${opts.runtimeMountPath}/${END_OF_TURN_PATH}`, Buffer.from(JSON.stringify(config)).toString('base64')];
@@ -95,6 +110,7 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
   const logs: Buffer[] = [];
   let logsWhole = false;
   let testsIn: Record<string, unknown> | undefined;
+  let beside: { processes: BesideProcess[]; more: number } | undefined;
   let logsOk: boolean | undefined;
   let failed: string | undefined;
   let startedAt: number | undefined;
@@ -114,6 +130,7 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
       if (type === FRAME.workspace) workspace.push(Buffer.from(payload));
       else if (type === FRAME.workspaceEnd) workspaceWhole = decode(payload).whole === true;
       else if (type === FRAME.logsReset) logsOk = decode(payload).ok === true;
+      else if (type === FRAME.beside) beside = besideOf(decode(payload));
       else if (type === FRAME.testsIn) testsIn = decode(payload);
       else if (type === FRAME.failed) failed = String(decode(payload).why);
       else if (type === FRAME.verifierStart) {
@@ -182,5 +199,5 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
     stderr: stderr.result(),
     durationMs: Math.round(performance.now() - startedAt),
   };
-  return { outcome: 'verified', verifyRun, ...copied, ...(reward !== undefined && { reward }), ...(logsWhole ? { logsTar: Buffer.concat(logs) } : {}) };
+  return { outcome: 'verified', verifyRun, ...copied, ...(reward !== undefined && { reward }), ...(logsWhole ? { logsTar: Buffer.concat(logs) } : {}), ...(beside && { beside }) };
 }

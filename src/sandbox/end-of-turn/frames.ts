@@ -12,6 +12,8 @@ export const FRAME = {
   workspaceEnd: 0x77, // 'w'
   /** JSON: `{ ok, why?, code? }`: the tests are in /tests (or why not, with the errno code). */
   testsIn: 0x54, // 'T'
+  /** JSON: `{ processes: [{ pid, uid, cmd }], more }`: what runs beside the grader (the agent's processes kept). */
+  beside: 0x42, // 'B'
   /** JSON: `{ ok, why? }`: /logs/verifier is an empty real folder (a reward-file task), or it needs root. */
   logsReset: 0x4c, // 'L'
   /** Empty: the verifier starts now. From here the exec's exit code is the verifier's. */
