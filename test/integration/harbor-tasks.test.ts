@@ -39,7 +39,7 @@ describe('Harbor tasks', () => {
   }
   const one = (m: Map<string, EpisodeResult[]>, id: string) => m.get(id)![0]!;
 
-  const GRADABLE = ['hello-file', 'chmod-copy', 'prebuilt-image', 'healthy-server', 'non-root-agent', 'env-vars', 'partial-credit', 'two-metrics', 'pytest-uvx', 'background-process'];
+  const GRADABLE = ['hello-file', 'chmod-copy', 'prebuilt-image', 'healthy-server', 'non-root-agent', 'env-vars', 'partial-credit', 'two-metrics', 'pytest-uvx', 'background-process', 'node-options-image'];
   /** The fixtures of the first test's batch: all but planted-reward, whose left-behind planter (root's) is stopped only under agentProcesses: stop. */
   const ALL_BUT_PLANTED = async () => (await readdir(FIXTURES)).filter((id) => id !== 'planted-reward').map((id) => path.join(FIXTURES, id));
 

@@ -136,7 +136,7 @@ describe('Harbor task folders', () => {
     const ids = batch.tasks.map((t) => t.spec.id);
     expect(ids).toContain('hello-file');
     expect(ids).toContain('two-metrics');
-    expect(ids).toHaveLength(17);
+    expect(ids).toHaveLength(18);
     const ours = batch.tasks.find((t) => t.dir?.endsWith('sum-column'));
     expect(ours?.spec.harbor).toBeUndefined();
     expect(ours?.spec.verify.command).not.toBe(HARBOR_TEST_COMMAND);

@@ -48,6 +48,12 @@ export interface EndOfTurnConfig {
   stopHelpers: string[];
   /** List the processes left beside the grader (all but this one and PID 1) in a frame, before anything else. */
   listBeside: boolean;
+  /**
+   * This program ran with NODE_OPTIONS emptied (an image's could stop it from starting): the
+   * verifier gets it back, this value, or with none the one the sandbox's PID 1 has (the image's).
+   * Undefined: the verifier keeps this program's environment as it is.
+   */
+  verifierNodeOptions?: { value?: string };
   command: string;
   shell: string[];
   /** A reward-file task: /logs/verifier made afresh before, its reward files and /logs read after. */
@@ -355,10 +361,22 @@ async function readRewardFile(file: string): Promise<Buffer | 'not-regular' | un
   }
 }
 
+/** The verifier's environment: this program's, with NODE_OPTIONS as the verifier would have had it. */
+async function verifierEnv(config: EndOfTurnConfig): Promise<NodeJS.ProcessEnv> {
+  const restore = config.verifierNodeOptions;
+  if (restore === undefined) return process.env;
+  const env = { ...process.env };
+  delete env.NODE_OPTIONS;
+  const image = restore.value ?? (await readFile('/proc/1/environ').catch(() => Buffer.alloc(0))).toString('utf8')
+    .split('\0').find((kv) => kv.startsWith('NODE_OPTIONS='))?.slice('NODE_OPTIONS='.length);
+  if (image !== undefined) env.NODE_OPTIONS = image;
+  return env;
+}
+
 async function runVerifier(config: EndOfTurnConfig): Promise<number> {
   await write(encodeFrame(FRAME.verifierStart));
   const [file, ...args] = config.shell;
-  const child = spawn(file!, [...args, config.command], { cwd: config.workdir, env: process.env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(file!, [...args, config.command], { cwd: config.workdir, env: await verifierEnv(config), stdio: ['ignore', 'pipe', 'pipe'] });
   // Frames of both streams go out in the order their chunks arrive, one write at a time.
   let writing = Promise.resolve();
   const forward = (type: FrameType) => (chunk: Buffer) => {

@@ -100,6 +100,7 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
     workdir: opts.workdir, copyCapBytes: opts.copyCapBytes, logsCapBytes: opts.logsCapBytes ?? null, testsDir: opts.testsDir,
     testsFolder: asRoot ? 'replace' : 'empty', executable: [...(asRoot?.executable ?? [])], logsMode: asRoot?.logsMode ?? 0o777,
     stopHelpers: [...(asRoot?.stopHelpers ?? [])], lockLogs: asRoot?.lockLogs === true, listBeside: asRoot?.listBeside === true,
+    ...(asRoot && { verifierNodeOptions: asRoot.env.NODE_OPTIONS !== undefined ? { value: asRoot.env.NODE_OPTIONS } : {} }),
     command: opts.command, shell: [...(asRoot?.shell ?? ['/bin/sh', '-c'])], rewardFile: opts.rewardFile,
   };
   const argv = [`${opts.runtimeMountPath}/bin/node.real`, `${opts.runtimeMountPath}/${END_OF_TURN_PATH}`, Buffer.from(JSON.stringify(config)).toString('base64')];
@@ -162,7 +163,9 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
       timeoutMs: END_OF_TURN_PREPARE_MS + opts.verifierTimeoutMs + 10_000,
       capBytes: 1024,
       workdir: '/',
-      ...(asRoot && { user: '0', env: asRoot.env }),
+      // The runtime's node takes no NODE_OPTIONS of the image's or the verifier's (an option of another
+      // node would stop it); the verifier gets them back.
+      ...(asRoot && { user: '0', env: { ...asRoot.env, NODE_OPTIONS: '' } }),
       stdin: payload,
       signal: AbortSignal.any([opts.signal, prepare.signal, verifierTimer.signal]),
       onStdout: (chunk) => reader.push(chunk),
