@@ -19,6 +19,7 @@ export const STRESS_FILES = [
   'test/integration/verify-evasion.test.ts',
   'test/integration/hostile-sandbox.test.ts',
   'test/integration/harbor-hostile.test.ts',
+  'test/integration/harbor-kept-attacks.test.ts',
   'test/integration/python-client.test.ts',
   'test/integration/services-hostile.test.ts',
   'test/integration/harbor-services-kill.test.ts',

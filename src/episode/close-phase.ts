@@ -111,17 +111,30 @@ async function collectEvidence(
     extraction = early;
   } else {
     // A Harbor task working in / keeps /logs as its workspace (the whole file system is not a workspace).
-    const tar = await session.getArchive(task.harbor && task.workdir === '/' ? '/logs' : task.workdir, signal);
-    signal.addEventListener('abort', () => tar.destroy(), { once: true });
-    extraction = await keepWorkspace(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, tar, readSignal);
+    // A workspace the engine cannot hand over, or that cannot be kept (names deeper than a path can
+    // hold), is recorded as such: the rest of the evidence (/logs, evidence.json) is still kept.
+    extraction = await session.getArchive(task.harbor && task.workdir === '/' ? '/logs' : task.workdir, signal).then((tar) => {
+      signal.addEventListener('abort', () => tar.destroy(), { once: true });
+      return keepWorkspace(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, tar, readSignal);
+    }).catch((err: unknown) => {
+      if (signal.aborted) throw err;
+      log.warn({ err: String(err) }, 'the workspace could not be kept');
+      return { files: [], skipped: [{ path: '.', reason: `not kept: ${String(err).slice(0, 300)}` }], bytesWritten: 0, truncated: true };
+    });
   }
-  // A task graded by a reward file keeps /logs too (its reward files and whatever the verifier wrote there).
-  if ((task.harbor || task.verify.reward === 'file') && !(trail.logsCopy && await untilAborted(trail.logsCopy, signal))) {
-    // Unless the end of the turn copied it (kept while close began).
-    const logs = await session.getArchive('/logs', signal);
-    signal.addEventListener('abort', () => logs.destroy(), { once: true });
-    await keepHarborLogs(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, logs, readSignal)
-      .catch((err: unknown) => log.warn({ err: String(err) }, 'the Harbor task\'s /logs not kept'));
+  // A task graded by a reward file keeps /logs too (its reward files and whatever the verifier wrote
+  // there): the end of the turn's copy when it took one (kept while close began), else the engine's.
+  let logsKept: ExtractReport | undefined;
+  if (task.harbor || task.verify.reward === 'file') {
+    logsKept = trail.logsCopy && await untilAborted(trail.logsCopy, signal);
+    logsKept ??= await session.getArchive('/logs', signal).then((logs) => {
+      signal.addEventListener('abort', () => logs.destroy(), { once: true });
+      return keepHarborLogs(deps, { episodeId: job.episodeId, attempt: attempt.attempt }, logs, readSignal);
+    }).catch((err: unknown) => {
+      if (signal.aborted) throw err;
+      log.warn({ err: String(err) }, 'the Harbor task\'s /logs not kept');
+      return undefined;
+    });
   }
   // Task services: the end of each sidecar's output, as service-<name>.log.
   const services = session.spec.services;
@@ -139,6 +152,8 @@ async function collectEvidence(
       agent: trail.agentRun && { stdout: capInfo(trail.agentRun.stdout), stderr: capInfo(trail.agentRun.stderr) },
       verifier: trail.verifyRun && { stdout: capInfo(trail.verifyRun.stdout), stderr: capInfo(trail.verifyRun.stderr) },
       workspace: { takenAt, added: changes.added, removed: changes.removed, modified: changes.modified, extraction: { ...extraction, files: extraction.files.length } },
+      // What of /logs was kept (a cap reached, an entry refused: said here, not only in the worker's log).
+      ...(logsKept && { logs: { files: logsKept.files.length, bytesWritten: logsKept.bytesWritten, truncated: logsKept.truncated, skipped: logsKept.skipped.slice(0, 50) } }),
       oomKilled: closed.oomKilled,
       // What ran beside a Harbor task's grader when the agent's processes were kept (pid, uid, command).
       ...(trail.grading?.beside && { besideGrader: trail.grading.beside }),

@@ -17,7 +17,7 @@
 // A failure before the verifier starts is a frame `F` and exit code 70.
 import { spawn } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
-import { chmod, chown, lstat, mkdir, open, readdir, readFile, readlink, rm, stat, symlink, link, utimes } from 'node:fs/promises';
+import { chmod, chown, lstat, mkdir, open, readdir, readFile, readlink, rename, rm, stat, symlink, link, utimes } from 'node:fs/promises';
 import { constants as osConstants } from 'node:os';
 import { posix } from 'node:path';
 import { FRAME, MAX_FRAME_BYTES, encodeFrame, jsonFrame, type FrameType } from './frames.ts';
@@ -121,6 +121,20 @@ async function besideProcesses(max = 100): Promise<{ processes: Array<{ pid: num
   return { processes, more };
 }
 
+/**
+ * `target` removed, or, where removing cannot finish (a chain of folders deeper than a path can name),
+ * moved whole out of the way (into /tmp, else /): true once nothing is at `target`.
+ */
+async function removeOrMoveAway(target: string): Promise<boolean> {
+  await rm(target, { recursive: true, force: true }).catch(() => undefined);
+  const gone = () => lstat(target).then(() => false, () => true);
+  if (await gone()) return true;
+  for (const dir of ['/tmp', '/']) {
+    if (await rename(target, posix.join(dir, `.rf-left-${process.pid}-${Date.now()}-${posix.basename(target)}`)).then(() => true, () => false)) return gone();
+  }
+  return gone();
+}
+
 /** Owner rwx on every folder under `dir` (not following links): what the sandbox user made, it may then remove. */
 async function openUp(dir: string): Promise<void> {
   await chmod(dir, 0o700).catch(() => undefined);
@@ -137,7 +151,7 @@ async function empty(dir: string): Promise<void> {
   if (!st.isDirectory()) throw new Error(`${dir} is not a folder`);
   if (st.uid !== process.getuid!()) throw new Error(`${dir} is not the sandbox user's (uid ${st.uid})`);
   await openUp(dir);
-  for (const name of await readdir(dir)) await rm(posix.join(dir, name), { recursive: true, force: true });
+  for (const name of await readdir(dir)) await removeOrMoveAway(posix.join(dir, name));
   const left = await readdir(dir);
   if (left.length > 0) throw new Error(`${dir} could not be emptied (${left.length} entries left)`);
 }
@@ -154,7 +168,7 @@ async function resetVerifierLogs(mode: number, lockLogs: boolean): Promise<boole
   const v = await lstat('/logs/verifier').catch(() => undefined);
   if (v !== undefined) {
     if (v.isDirectory() && v.uid === process.getuid!()) await openUp('/logs/verifier');
-    await rm('/logs/verifier', { recursive: true, force: true }).catch(() => undefined);
+    await removeOrMoveAway('/logs/verifier');
   }
   await mkdir('/logs/verifier', { recursive: true }).then(() => chmod('/logs/verifier', mode)).catch(() => undefined);
   const now = await lstat('/logs/verifier').catch(() => undefined);
@@ -163,7 +177,7 @@ async function resetVerifierLogs(mode: number, lockLogs: boolean): Promise<boole
 
 /** The folder `workdir` as a tar on stdout, in frames of `type`; whether it came whole. Past `capBytes`
  * the copy is cut: the walk stops (a 16 GiB sparse file is not read at all) and the copy is not whole. */
-async function copyFolder(workdir: string, capBytes: number, type: FrameType): Promise<{ whole: boolean; bytes: number; why?: string }> {
+async function copyFolder(workdir: string, capBytes: number, type: FrameType, first: readonly string[] = []): Promise<{ whole: boolean; bytes: number; why?: string }> {
   const parent = posix.dirname(workdir);
   const base = posix.basename(workdir);
   let bytes = 0;
@@ -183,6 +197,7 @@ async function copyFolder(workdir: string, capBytes: number, type: FrameType): P
     pendingBytes += chunk.length;
     if (pendingBytes >= MAX_FRAME_BYTES) await flush();
   };
+  const rank = (name: string) => (first.includes(name) ? first.indexOf(name) : first.length);
   /** An entry of `more` bytes (headers and data) would pass the cap: the copy is cut here. */
   const fits = (more: number): void => {
     if (bytes + more + TAR_END.length > capBytes) throw new Error(`the copy passed ${capBytes} bytes`);
@@ -195,7 +210,8 @@ async function copyFolder(workdir: string, capBytes: number, type: FrameType): P
       const header = tarHeader({ ...common, name: `${rel}/`, type: 'directory' });
       fits(header.length);
       await out(header);
-      const names = (await readdir(abs)).sort();
+      // The folder's own entries named in `first` before the rest (what must survive a cap on the way in).
+      const names = (await readdir(abs)).sort((a, b) => (rel === base ? rank(a) - rank(b) : 0) || (a < b ? -1 : a > b ? 1 : 0));
       for (const name of names) await walk(posix.join(rel, name));
     } else if (st.isSymbolicLink()) {
       const header = tarHeader({ ...common, name: rel, type: 'symlink', linkname: await readlink(abs) });
@@ -235,8 +251,8 @@ async function copyFolder(workdir: string, capBytes: number, type: FrameType): P
   }
 }
 
-const copyOrWhy = (dir: string, cap: number, type: FrameType) =>
-  copyFolder(dir, cap, type).catch((err: unknown) => ({ whole: false, bytes: 0, why: errText(err) }));
+const copyOrWhy = (dir: string, cap: number, type: FrameType, first: readonly string[] = []) =>
+  copyFolder(dir, cap, type, first).catch((err: unknown) => ({ whole: false, bytes: 0, why: errText(err) }));
 
 /** The payload on stdin: an 8-byte big-endian length, then that many bytes (stdin need not end). */
 async function readPayload(): Promise<Buffer> {
@@ -419,7 +435,7 @@ async function main(): Promise<number> {
     const tests = splitParts(await readPayload());
     if (config.testsFolder === 'empty') await empty(config.testsDir);
     else {
-      await rm(config.testsDir, { recursive: true, force: true });
+      if (!(await removeOrMoveAway(config.testsDir))) throw new Error(`${config.testsDir} could not be removed`);
       await mkdir(config.testsDir, { mode: 0o755 });
     }
     await unpackTests(tests, config.testsDir);
@@ -445,7 +461,7 @@ async function main(): Promise<number> {
       ...(txt instanceof Buffer && { txt: txt.toString('base64') }),
       ...(notRegular !== undefined && { notRegular }),
     }));
-    if (config.logsCapBytes !== null) await write(jsonFrame(FRAME.logsEnd, await copyOrWhy('/logs', config.logsCapBytes, FRAME.logs)));
+    if (config.logsCapBytes !== null) await write(jsonFrame(FRAME.logsEnd, await copyOrWhy('/logs', config.logsCapBytes, FRAME.logs, ['verifier'])));
   }
   return code;
 }
