@@ -90,6 +90,7 @@ class EpisodeResult:
     error: Optional[FailureInfo] = None
     metrics: Optional[Dict[str, float]] = None
     network: Optional[Dict[str, Any]] = None
+    grading: Optional[Dict[str, Any]] = None
     agent: Optional[Dict[str, Any]] = None
     verifier: Optional[Dict[str, Any]] = None
     runtime: Optional[Dict[str, Any]] = None
