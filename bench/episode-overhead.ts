@@ -36,7 +36,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -119,6 +119,23 @@ function quantile(xs: number[], q: number): number | undefined {
 }
 const ms = (x: number | undefined) => (x === undefined ? '-' : x.toFixed(0));
 const load = () => os.loadavg()[0]!.toFixed(1);
+
+// Where the CPU goes: at saturation the two cores are the limit, so CPU per episode is what sets
+// throughput. /proc/stat's busy time covers every process of the host (the engine, containerd, the
+// shims and runc, the sandboxes, Redis, the workers, this bench); a process's own from its stat.
+const CLOCK_TICK_MS = 10; // USER_HZ is 100 on Linux
+async function hostBusyMs(): Promise<number> {
+  const fields = (await readFile('/proc/stat', 'utf8')).split('\n', 1)[0]!.trim().split(/\s+/).slice(1).map(Number);
+  const total = fields.reduce((a, b) => a + b, 0);
+  return (total - fields[3]! - (fields[4] ?? 0)) * CLOCK_TICK_MS; // less idle and iowait
+}
+async function processCpuMs(pid: number): Promise<number> {
+  const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+  const after = stat.slice(stat.lastIndexOf(')') + 2).split(' '); // field 3 (state) on
+  return (Number(after[11] ?? 0) + Number(after[12] ?? 0)) * CLOCK_TICK_MS; // utime, stime
+}
+const benchCpuMs = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1000; };
+interface CpuUse { hostMs: number; workersMs: number; benchMs: number }
 const out = (line = '') => process.stdout.write(`${line}\n`);
 
 // ---------------------------------------------------------------------------------------------------
@@ -496,6 +513,12 @@ class Workers {
     await poll(`${setting.workers} workers to connect`, 60_000, async () => (await this.env.queue.getWorkers()).length >= setting.workers);
   }
 
+  /** CPU used so far by the running worker processes, ms. */
+  async cpuMs(): Promise<number> {
+    const each = await Promise.all(this.children.map((c) => (c.pid === undefined ? 0 : processCpuMs(c.pid))));
+    return each.reduce((a, b) => a + b, 0);
+  }
+
   async stop(): Promise<void> {
     await Promise.all(this.children.splice(0).map(async (c) => {
       if (c.exitCode === null && c.signalCode === null) {
@@ -597,6 +620,8 @@ async function main(): Promise<void> {
         const loadBefore = load();
         const directs: DirectRun[] = [];
         const fleets: FleetRun[] = [];
+        const directCpu: CpuUse[] = [];
+        const fleetCpu: CpuUse[] = [];
         // Warm-up (not timed): one wave each, so JIT, connections, the runtime generation and a pool are warm.
         await runDirect(docker, inputs, runId, slots, slots);
         await workers.start(setting, realHost, `${setting.label}-${runId}`);
@@ -606,11 +631,15 @@ async function main(): Promise<void> {
           // Short blocks, alternating which goes first: on a shared host both sides meet the same load.
           for (let round = 1; round <= rounds; round++) {
             const fleetRun = async () => {
+              const c0 = { hostMs: await hostBusyMs(), workersMs: await workers.cpuMs(), benchMs: benchCpuMs() };
               fleets.push(await runFleetBatch(f, `ovh-${setting.label}-r${round}-${runId}`, perRound));
+              fleetCpu.push({ hostMs: await hostBusyMs() - c0.hostMs, workersMs: await workers.cpuMs() - c0.workersMs, benchMs: benchCpuMs() - c0.benchMs });
               if (settleSec > 0) await new Promise((r) => setTimeout(r, settleSec * 1000));
             };
             const directRun = async () => {
+              const c0 = { hostMs: await hostBusyMs(), benchMs: benchCpuMs() };
               directs.push(await runDirect(docker, inputs, runId, perRound, slots));
+              directCpu.push({ hostMs: await hostBusyMs() - c0.hostMs, workersMs: 0, benchMs: benchCpuMs() - c0.benchMs });
             };
             for (const run of round % 2 === 1 ? [directRun, fleetRun] : [fleetRun, directRun]) await run();
           }
@@ -631,6 +660,9 @@ async function main(): Promise<void> {
         out(`  fleet:  ${fleet.seconds.toFixed(2)} s enqueue -> last result (${fleet.removedSeconds.toFixed(2)} s to every sandbox removed), ${fleet.perSec.toFixed(2)} episodes/s; `
           + `enqueue -> first pick-up p50 ${ms(quantile(fleets.map((fr) => Math.min(...fr.queueWaitMs)), 0.5))} ms; ${describeFleet(fleet)}`);
         out(`  fleet/direct time ${timeRatio.toFixed(2)}x (lower is better), throughput ${rateRatio.toFixed(2)}x; per round: ${roundRatios.map((r) => `${r.toFixed(2)}x`).join(' ')}`);
+        const perEpisode = (xs: CpuUse[], k: keyof CpuUse) => xs.reduce((a, c) => a + c[k], 0) / episodes;
+        out(`  host CPU per episode (every process; fleet: enqueue -> every sandbox removed): direct ${ms(perEpisode(directCpu, 'hostMs'))} ms (this bench's dockerode ${ms(perEpisode(directCpu, 'benchMs'))}), `
+          + `fleet ${ms(perEpisode(fleetCpu, 'hostMs'))} ms (the workers ${ms(perEpisode(fleetCpu, 'workersMs'))}, this bench's polls ${ms(perEpisode(fleetCpu, 'benchMs'))}); fleet / direct ${(perEpisode(fleetCpu, 'hostMs') / perEpisode(directCpu, 'hostMs')).toFixed(2)}x`);
       }
       out('\nsummary (fleet time / direct time, lower is better; throughput fleet / direct; times summed over rounds):');
       out('  setting  episodes  direct s  direct ep/s  fleet s  fleet ep/s  time ratio  throughput ratio  setup p50 ms  load');

@@ -76,7 +76,12 @@ export async function pruneEnvironmentImages(deps: PruneDeps, opts: PruneOptions
   const engine = await engineId(docker, call);
   const lastUsedKey = envLastUsedKey(prefix, engine);
   // The engine's disk usage answer has each image's shared size (the image list of API 1.41 does not).
-  const df = await dockerCall('disk usage', call, (abortSignal) => (docker.df as (o: object) => Promise<{ Images?: DfImage[] | null }>).call(docker, { abortSignal }));
+  const diskUsage = () => dockerCall('disk usage', call, (abortSignal) => (docker.df as (o: object) => Promise<{ Images?: DfImage[] | null }>).call(docker, { abortSignal }));
+  let df = await diskUsage();
+  // Prepared images first (the fleet's sandboxes' files over a base, prepared-images.ts): one no
+  // container uses is remade in a moment when asked for again, and while it is there its base's layers
+  // count as shared and its base cannot be removed.
+  if (await removeUnusedPreparedImages(deps, df.Images ?? [], now, minIdleMs, call) > 0) df = await diskUsage();
   const lastUsed = await redis.hgetall(lastUsedKey);
   const candidates: Candidate[] = [];
   for (const img of df.Images ?? []) {
@@ -132,4 +137,25 @@ export async function pruneEnvironmentImages(deps: PruneDeps, opts: PruneOptions
     }
   }
   return { removed, freedBytes, keptBytes: total };
+}
+
+/**
+ * Remove this fleet's prepared images that no container uses and that were made `minIdleMs` ago or
+ * more (a process that made one a moment ago is about to create from it; one that finds it gone makes
+ * it again). Not forced: an image a container took since answers 409 and stays. Returns how many went.
+ */
+async function removeUnusedPreparedImages(deps: PruneDeps, images: DfImage[], now: number, minIdleMs: number, call: { timeoutMs: number }): Promise<number> {
+  let removed = 0;
+  for (const img of images) {
+    if (img.Labels?.[LABEL.preparedPrefix] !== deps.prefix || img.Containers > 0 || now - img.Created * 1000 < minIdleMs) continue;
+    try {
+      await dockerCall('remove image', call, (abortSignal) => deps.docker.getImage(img.Id).remove({ abortSignal } as object));
+      removed += 1;
+    } catch (err) {
+      const status = dockerStatusOf(err);
+      if (status !== 404 && status !== 409) deps.log.warn({ image: img.Id, err: (err as Error).message }, 'removing an unused prepared image failed');
+    }
+  }
+  if (removed > 0) deps.log.info({ removed }, 'unused prepared images removed');
+  return removed;
 }

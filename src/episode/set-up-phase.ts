@@ -72,14 +72,20 @@ export async function setUp(
   // its environment upload and healthcheck run here, after any claim, for this episode.
   const harborSpec = task.harbor && { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) };
   const common = { image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount] };
-  // A Harbor task's /logs. Our own tasks': /tests (where the end of the agent's turn unpacks the tests)
-  // and the empty workdir in the pool's kind for any task (a command agent's exec unpacks the workspace
-  // there); with the task's workspace in its seeded kind and in a sandbox created here. No put on the
-  // path either way, but for another agent in a sandbox of the kind for any task.
-  const poolSpec: PoolSpec = { ...common, ...(harborSpec ? { harbor: harborSpec, filesBeforeStart: await harborLogsTar() } : { filesBeforeStart: await userFoldersTar(task.workdir) }) };
+  // What the sandbox starts with is part of the image it is created from (prepared once per engine:
+  // no put per sandbox). A Harbor task's /logs. Our own tasks': /tests (where the end of the agent's
+  // turn unpacks the tests) and the empty workdir, in the kind for any task (a command agent's exec
+  // unpacks the workspace there; another agent gets a put); with the task's workspace too in its
+  // seeded kind, made while more of the task wait (a GRPO group), in the pool and when set-up creates
+  // the sandbox itself.
+  const poolSpec: PoolSpec = { ...common, ...(harborSpec ? { harbor: harborSpec, filesInImage: await harborLogsTar() } : { filesInImage: await userFoldersTar(task.workdir) }) };
   const seededSpec: PoolSpec | undefined = harborSpec ? undefined : {
-    ...common, filesBeforeStart: await archive.partAsTar('workspace', task.workdir, SANDBOX_USER, [{ path: TESTS_DIR, owner: SANDBOX_USER }]),
+    ...common, filesInImage: await archive.partAsTar('workspace', task.workdir, SANDBOX_USER, [{ path: TESTS_DIR, owner: SANDBOX_USER }]),
   };
+  // A GRPO group runs one task k times: while more of this task wait in the queue, its seeded image
+  // and kind serve them; for a task's last (or only) sample, an image of its own would serve nobody.
+  const more = seededSpec !== undefined && deps.upcoming !== undefined
+    && await deadline.run('looking for more of the task', () => deps.upcoming!.moreOf(job.taskDigest, job.episodeId));
   // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
   const pool = deps.pool;
   // A miss fills the kind once this set-up is done with the engine too: a warm sandbox made beside this
@@ -94,9 +100,8 @@ export async function setUp(
     // (Not a task with services: its sandbox joins the episode's namespace, made for it alone.)
     if (pool?.enabled && task.harbor?.services === undefined) {
       claimed = await deadline.run('claiming a warm sandbox', async (signal) => {
-        // A GRPO group runs one task k times: while more of this task wait in the queue, the pool keeps
-        // sandboxes seeded with its workspace (their own kind), else the kind for any task of the image.
-        const more = seededSpec !== undefined && deps.upcoming !== undefined && await deps.upcoming.moreOf(job.taskDigest, job.episodeId);
+        // While more of this task wait, the pool keeps sandboxes seeded with its workspace (their own
+        // kind), else the kind for any task of the image.
         const fromSeeded = seededSpec && await pool.claim(seededSpec, owner, signal, setUpDone, { fill: more, seeded: true });
         if (fromSeeded !== undefined) {
           seeded = true;
@@ -143,11 +148,12 @@ export async function setUp(
     // Task services: their images, the episode's namespace, volumes and sidecars, and what main waits for.
     const services = task.harbor?.services;
     const serviceNetwork = services && await startServices(task, services, archive, runtime.mount, owner, deps, attempt, lease, deadline);
-    if (claimed === undefined && seededSpec !== undefined) seeded = true;
+    const createSpec = more && seededSpec !== undefined ? seededSpec : poolSpec;
+    if (claimed === undefined && createSpec === seededSpec) seeded = true;
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
       {
-        ...(seededSpec ?? poolSpec), owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : runFolder !== undefined ? [runFolder] : [], runtime: deps.sandboxRuntime,
+        ...createSpec, owner, bindFolders: proxy ? [path.dirname(proxy.socketPath)] : runFolder !== undefined ? [runFolder] : [], runtime: deps.sandboxRuntime,
         // [environment].env over main's environment of the compose file, as Harbor's env override.
         ...(services && poolSpec.harbor && { harbor: { ...poolSpec.harbor, env: { ...services.main.env, ...poolSpec.harbor.env } } }),
         ...(serviceNetwork && { services: serviceNetwork }),
@@ -162,9 +168,9 @@ export async function setUp(
     made.imageId = imageId;
     let workspaceIn: Buffer | undefined;
     if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline);
-    else if (!seeded && seededSpec?.filesBeforeStart !== undefined) {
+    else if (!seeded && seededSpec?.filesInImage !== undefined) {
       // The seeded tar: /tests (the sandbox user's already, as it is) and the workspace.
-      const workspace = seededSpec.filesBeforeStart;
+      const workspace = seededSpec.filesInImage;
       // A command agent's own exec unpacks it first (src/agent/command-agent.ts): one engine call fewer.
       if (job.agent.kind === 'command') workspaceIn = workspace;
       else await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));

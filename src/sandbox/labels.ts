@@ -26,6 +26,8 @@ export const LABEL = {
   envDigest: 'rollout-fleet.env-digest',
   /** On built environment images: the fleet's Redis key prefix that built them (pruning lists by it). */
   envPrefix: 'rollout-fleet.env-prefix',
+  /** On prepared images (prepared-images.ts): the fleet's Redis key prefix that made them. Inherited by their sandboxes, harmlessly. */
+  preparedPrefix: 'rollout-fleet.prepared-prefix',
   /** On built environment images: when the build started (ISO 8601). */
   envBuiltAt: 'rollout-fleet.env-built-at',
   /**

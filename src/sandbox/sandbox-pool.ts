@@ -34,7 +34,7 @@ import { SandboxSession, removeContainer, type SessionSpec } from './sandbox-ses
 import type { SandboxRuntime } from './sandbox-runtime.ts';
 
 /** What a pooled sandbox is made for; a claim matches all of it. */
-export type PoolSpec = Pick<SessionSpec, 'image' | 'workdir' | 'limits' | 'mounts' | 'harbor' | 'filesBeforeStart'>;
+export type PoolSpec = Pick<SessionSpec, 'image' | 'workdir' | 'limits' | 'mounts' | 'harbor' | 'filesInImage' | 'filesBeforeStart'>;
 
 export interface PoolOptions {
   docker: Docker;
@@ -119,8 +119,8 @@ export function poolKey(spec: PoolSpec): string {
   const harborPart = harbor === undefined
     ? null
     : [[...harbor.keepAlive], Object.entries(harbor.env).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)), harbor.user ?? null];
-  const files = spec.filesBeforeStart === undefined ? null : createHash('sha256').update(spec.filesBeforeStart).digest('hex');
-  return JSON.stringify([spec.image, spec.workdir, memoryMb, cpus, pids, diskMb ?? null, (spec.mounts ?? []).map((m) => [m.volumeName, m.target]), harborPart, files]);
+  const files = (tar: Buffer | undefined) => (tar === undefined ? null : createHash('sha256').update(tar).digest('hex'));
+  return JSON.stringify([spec.image, spec.workdir, memoryMb, cpus, pids, diskMb ?? null, (spec.mounts ?? []).map((m) => [m.volumeName, m.target]), harborPart, files(spec.filesInImage), files(spec.filesBeforeStart)]);
 }
 
 const mountsOf = (spec: PoolSpec) => JSON.stringify((spec.mounts ?? []).map((m) => [m.volumeName, m.target]));

@@ -13,6 +13,7 @@ import { containerName, hardenedCreateOptions, type SessionSpec } from './contai
 import { dockerCall, dockerStatusOf } from './docker-client.ts';
 import { createDiskQuota, diskQuotaRefused } from './disk-quota.ts';
 import { forgetImage, imageOf } from './image-ids.ts';
+import { forgetPreparedImage, preparedImage } from './prepared-images.ts';
 import { watchOomEvents, type OomWatch } from './oom-events.ts';
 import type { SandboxOwner } from './labels.ts';
 import { removeContainer } from './remove-container.ts';
@@ -72,12 +73,27 @@ export class SandboxSession {
       throw new FleetError('image_not_found', `image ${JSON.stringify(spec.image)} is not a valid image reference`);
     }
     const image = await imageOf(docker, spec.image, call);
+    const { filesInImage } = spec;
+    const prepared = () => (filesInImage === undefined
+      ? Promise.resolve(image.Id)
+      : preparedImage(docker, image.Id, filesInImage, { prefix: spec.owner.fleet, timeoutMs: callTimeoutMs, log: deps.log }, signal));
 
     const { limits } = spec;
     const name = containerName(spec);
-    const create = (storageOpt: Record<string, string> | undefined) => dockerCall('create container', call, (abortSignal) =>
-      docker.createContainer({ ...hardenedCreateOptions(spec, image.Id, name, storageOpt), abortSignal } as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }),
+    const createFrom = (from: string, storageOpt: Record<string, string> | undefined) => dockerCall('create container', call, (abortSignal) =>
+      docker.createContainer({ ...hardenedCreateOptions(spec, from, name, storageOpt), abortSignal } as Docker.ContainerCreateOptions & { abortSignal: AbortSignal }),
     );
+    const create = async (storageOpt: Record<string, string> | undefined) => {
+      const from = await prepared();
+      try {
+        return await createFrom(from, storageOpt);
+      } catch (err) {
+        // A prepared image pruned since this process made it: made again, once.
+        if (dockerStatusOf(err) !== 404 || filesInImage === undefined) throw err;
+        forgetPreparedImage(docker, image.Id, filesInImage);
+        return createFrom(await prepared(), storageOpt);
+      }
+    };
     // Asked of the engine with the first sandbox that has a disk limit; an engine that refuses is remembered.
     const quota = limits.diskMb === undefined ? undefined : createDiskQuota(docker, limits.diskMb);
     let diskEnforced = quota !== undefined;
