@@ -33,6 +33,8 @@ import { DEFAULT_ENDPOINT } from '../config/model-endpoints.ts';
 export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'upcoming' | 'sandboxRuntime' | 'policy' | 'network' | 'registry'>;
 
 const ROOT = { uid: 0, gid: 0 } as const;
+/** A seeded workspace's tar up to this size becomes an image of the task's (prepared-images.ts); a bigger one is put into each sandbox. */
+export const PREPARED_WORKSPACE_MAX_BYTES = 16 * 1024 * 1024;
 
 export async function setUp(
   attempt: EpisodeAttempt,
@@ -79,8 +81,11 @@ export async function setUp(
   // seeded kind, made while more of the task wait (a GRPO group), in the pool and when set-up creates
   // the sandbox itself.
   const poolSpec: PoolSpec = { ...common, ...(harborSpec ? { harbor: harborSpec, filesInImage: await harborLogsTar() } : { filesInImage: await userFoldersTar(task.workdir) }) };
-  const seededSpec: PoolSpec | undefined = harborSpec ? undefined : {
-    ...common, filesInImage: await archive.partAsTar('workspace', task.workdir, SANDBOX_USER, [{ path: TESTS_DIR, owner: SANDBOX_USER }]),
+  // The workspace, with /tests before it (the sandbox user's, as it is): a big one is written into each
+  // sandbox before its start instead of making an image per task (they wait for the pruner to go).
+  const seededTar = harborSpec ? undefined : await archive.partAsTar('workspace', task.workdir, SANDBOX_USER, [{ path: TESTS_DIR, owner: SANDBOX_USER }]);
+  const seededSpec: PoolSpec | undefined = seededTar && {
+    ...common, ...(seededTar.length <= PREPARED_WORKSPACE_MAX_BYTES ? { filesInImage: seededTar } : { filesInImage: poolSpec.filesInImage, filesBeforeStart: seededTar }),
   };
   // A GRPO group runs one task k times: while more of this task wait in the queue, its seeded image
   // and kind serve them; for a task's last (or only) sample, an image of its own would serve nobody.
@@ -168,9 +173,8 @@ export async function setUp(
     made.imageId = imageId;
     let workspaceIn: Buffer | undefined;
     if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline);
-    else if (!seeded && seededSpec?.filesInImage !== undefined) {
-      // The seeded tar: /tests (the sandbox user's already, as it is) and the workspace.
-      const workspace = seededSpec.filesInImage;
+    else if (!seeded && seededTar !== undefined) {
+      const workspace = seededTar;
       // A command agent's own exec unpacks it first (src/agent/command-agent.ts): one engine call fewer.
       if (job.agent.kind === 'command') workspaceIn = workspace;
       else await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));

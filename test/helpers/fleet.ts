@@ -117,6 +117,9 @@ export async function fleetEnvOn(redis: PrivateRedis, opts: { prefix?: string; d
       // Runtime generations a worker installed for this prefix (one started without the shared scope).
       const { Volumes } = await docker.listVolumes({ filters: { label: [`${LABEL.prefix}=${prefix}`] } });
       await Promise.all((Volumes ?? []).map((v) => docker.getVolume(v.Name).remove().catch(() => undefined)));
+      // Prepared images this prefix made (unforced: one a sandbox of another test uses stays; a process that remembers one makes it again).
+      const prepared = await docker.listImages({ filters: { label: [`${LABEL.preparedPrefix}=${prefix}`] } });
+      await Promise.all(prepared.map((i) => docker.getImage(i.Id).remove().catch(() => undefined)));
       // env.redis, not the first one: a test may have restarted Redis on the same port.
       await fleetEnv.redis.stop();
       await dropRuntimeCache(dataDir);
