@@ -23,7 +23,7 @@ import { startTaskServices, type ServiceNetwork } from '../sandbox/task-services
 import type { SandboxOwner } from '../sandbox/labels.ts';
 import type { VolumeMount } from '../sandbox/container-spec.ts';
 import { harborLogsTar, runHealthcheck } from './harbor-checks.ts';
-import { TESTS_DIR, userFoldersTar } from './verify-phase.ts';
+import { userFoldersTar } from './verify-phase.ts';
 import { hasEgress } from '../egress/network-grant.ts';
 import { phaseGrants } from './phase-egress.ts';
 import type { AttemptTrail, EpisodeAttempt, EpisodeDeps, SetUpResult, WorkerEndpoint } from './episode-attempt.ts';
@@ -33,8 +33,6 @@ import { DEFAULT_ENDPOINT } from '../config/model-endpoints.ts';
 export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'upcoming' | 'sandboxRuntime' | 'policy' | 'network' | 'registry'>;
 
 const ROOT = { uid: 0, gid: 0 } as const;
-/** A seeded workspace's tar up to this size becomes an image of the task's (prepared-images.ts); a bigger one is put into each sandbox. */
-export const PREPARED_WORKSPACE_MAX_BYTES = 16 * 1024 * 1024;
 
 export async function setUp(
   attempt: EpisodeAttempt,
@@ -74,23 +72,18 @@ export async function setUp(
   // its environment upload and healthcheck run here, after any claim, for this episode.
   const harborSpec = task.harbor && { env: task.harbor.env, user: task.harbor.agentUser, keepAlive: harborKeepAlive(runtime.mountPath) };
   const common = { image: task.image, workdir: task.workdir, limits: task.limits, mounts: [runtime.mount] };
-  // What the sandbox starts with is part of the image it is created from (prepared once per engine:
-  // no put per sandbox). A Harbor task's /logs. Our own tasks': /tests (where the end of the agent's
-  // turn unpacks the tests) and the empty workdir, in the kind for any task (a command agent's exec
-  // unpacks the workspace there; another agent gets a put); with the task's workspace too in its
-  // seeded kind, made while more of the task wait (a GRPO group), in the pool and when set-up creates
-  // the sandbox itself.
+  // The folders every sandbox of the kind starts with are part of the image it is created from
+  // (prepared once per engine: no put per sandbox): a Harbor task's /logs; our own tasks' /tests (where
+  // the end of the agent's turn unpacks the tests) and the empty workdir. In a sandbox of that kind a
+  // command agent's exec unpacks the workspace itself (another agent gets a put). The workspace is never
+  // part of an image: a folder of a lower layer cannot be renamed (overlayfs says EXDEV), and an agent's
+  // `mv` must work in every sample alike. A kind seeded with the task's workspace gets it written
+  // before its start, in the pool while more of the task wait (a GRPO group), and when set-up creates
+  // the sandbox for another agent than a command.
   const poolSpec: PoolSpec = { ...common, ...(harborSpec ? { harbor: harborSpec, filesInImage: await harborLogsTar() } : { filesInImage: await userFoldersTar(task.workdir) }) };
-  // The workspace, with /tests before it (the sandbox user's, as it is): a big one is written into each
-  // sandbox before its start instead of making an image per task (they wait for the pruner to go).
-  const seededTar = harborSpec ? undefined : await archive.partAsTar('workspace', task.workdir, SANDBOX_USER, [{ path: TESTS_DIR, owner: SANDBOX_USER }]);
-  const seededSpec: PoolSpec | undefined = seededTar && {
-    ...common, ...(seededTar.length <= PREPARED_WORKSPACE_MAX_BYTES ? { filesInImage: seededTar } : { filesInImage: poolSpec.filesInImage, filesBeforeStart: seededTar }),
+  const seededSpec: PoolSpec | undefined = harborSpec ? undefined : {
+    ...poolSpec, filesBeforeStart: await archive.partAsTar('workspace', task.workdir, SANDBOX_USER),
   };
-  // A GRPO group runs one task k times: while more of this task wait in the queue, its seeded image
-  // and kind serve them; for a task's last (or only) sample, an image of its own would serve nobody.
-  const more = seededSpec !== undefined && deps.upcoming !== undefined
-    && await deadline.run('looking for more of the task', () => deps.upcoming!.moreOf(job.taskDigest, job.episodeId));
   // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
   const pool = deps.pool;
   // A miss fills the kind once this set-up is done with the engine too: a warm sandbox made beside this
@@ -105,8 +98,9 @@ export async function setUp(
     // (Not a task with services: its sandbox joins the episode's namespace, made for it alone.)
     if (pool?.enabled && task.harbor?.services === undefined) {
       claimed = await deadline.run('claiming a warm sandbox', async (signal) => {
-        // While more of this task wait, the pool keeps sandboxes seeded with its workspace (their own
-        // kind), else the kind for any task of the image.
+        // A GRPO group runs one task k times: while more of this task wait in the queue, the pool keeps
+        // sandboxes seeded with its workspace (their own kind), else the kind for any task of the image.
+        const more = seededSpec !== undefined && deps.upcoming !== undefined && await deps.upcoming.moreOf(job.taskDigest, job.episodeId);
         const fromSeeded = seededSpec && await pool.claim(seededSpec, owner, signal, setUpDone, { fill: more, seeded: true });
         if (fromSeeded !== undefined) {
           seeded = true;
@@ -153,7 +147,7 @@ export async function setUp(
     // Task services: their images, the episode's namespace, volumes and sidecars, and what main waits for.
     const services = task.harbor?.services;
     const serviceNetwork = services && await startServices(task, services, archive, runtime.mount, owner, deps, attempt, lease, deadline);
-    const createSpec = more && seededSpec !== undefined ? seededSpec : poolSpec;
+    const createSpec = seededSpec !== undefined && job.agent.kind !== 'command' ? seededSpec : poolSpec;
     if (claimed === undefined && createSpec === seededSpec) seeded = true;
     const session = claimed?.session ?? await deadline.run('creating the sandbox', (signal) => SandboxSession.open(
       { docker: deps.docker, log, callTimeoutMs: deps.callTimeoutMs },
@@ -173,8 +167,8 @@ export async function setUp(
     made.imageId = imageId;
     let workspaceIn: Buffer | undefined;
     if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline);
-    else if (!seeded && seededTar !== undefined) {
-      const workspace = seededTar;
+    else if (!seeded && seededSpec?.filesBeforeStart !== undefined) {
+      const workspace = seededSpec.filesBeforeStart;
       // A command agent's own exec unpacks it first (src/agent/command-agent.ts): one engine call fewer.
       if (job.agent.kind === 'command') workspaceIn = workspace;
       else await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));

@@ -28,11 +28,11 @@ export type VerifyDeps = Pick<EpisodeDeps, 'evidence' | 'snapshotLimits' | 'log'
 export const TESTS_DIR = '/tests';
 
 /**
- * Written into each of our own tasks' sandboxes before it starts: /tests and the workdir, the sandbox
- * user's and empty, so that the end-of-turn exec (run as that user) can unpack the tests in /tests, and
- * the agent's exec its workspace in the workdir. The agent may put things in /tests while it runs; the
- * end of its turn empties it once none of its processes is left. (A seeded sandbox has the workspace
- * itself instead: TaskArchive.partAsTar with /tests before it.)
+ * In each of our own tasks' sandboxes from the start (part of the image it is created from:
+ * prepared-images.ts): /tests and the workdir, the sandbox user's and empty, so that the end-of-turn
+ * exec (run as that user) can unpack the tests in /tests, and the agent's exec its workspace in the
+ * workdir. The agent may put things in /tests while it runs; the end of its turn empties it once none
+ * of its processes is left. (A seeded sandbox has the workspace written over it before its start.)
  */
 export const userFoldersTar: (workdir: string) => Promise<Buffer> = (() => {
   const made = new Map<string, Promise<Buffer>>();

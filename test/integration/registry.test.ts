@@ -97,7 +97,8 @@ async function imageOn(engine: Docker, image: string) {
 async function envImages(engine: Docker): Promise<Map<string, { id: string; builtAt: string | undefined }>> {
   const out = new Map<string, { id: string; builtAt: string | undefined }>();
   for (const img of await engine.listImages({ filters: { label: [`${LABEL.envPrefix}=${env.prefix}`, 'rollout-fleet.task'] } })) {
-    for (const tag of img.RepoTags ?? []) out.set(tag, { id: img.Id, builtAt: img.Labels?.[LABEL.envBuiltAt] });
+    // Environment images by their tags: a prepared image made over one (its sandboxes' /logs) carries its labels too.
+    for (const tag of img.RepoTags ?? []) if (tag.startsWith(`${ENV_IMAGE_REPOSITORY}:`)) out.set(tag, { id: img.Id, builtAt: img.Labels?.[LABEL.envBuiltAt] });
   }
   return out;
 }

@@ -197,7 +197,9 @@ describe('warm sandbox pool', () => {
       }, 60_000, 200);
       // Made as the episode's own would be: the image's ENTRYPOINT and USER kept, the keep-alive its argument.
       const info = await docker.getContainer(warm!.Id).inspect();
-      expect(info.Image).toBe(first!.provenance.imageId);
+      // Created from the image with /logs in it (prepared once per engine), over the task's own.
+      expect(info.Image).not.toBe(first!.provenance.imageId);
+      expect((await docker.getImage(info.Image).inspect()).Parent).toBe(first!.provenance.imageId);
       expect(info.Config.Entrypoint).toEqual(['/usr/local/bin/entrypoint.sh']);
       expect(info.Config.Cmd?.[0]).toMatch(/\/bin\/node$/);
       expect(info.Config.User).toBe('');

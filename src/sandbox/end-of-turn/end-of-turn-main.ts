@@ -123,14 +123,20 @@ async function besideProcesses(max = 100): Promise<{ processes: Array<{ pid: num
 
 /**
  * `target` removed, or, where removing cannot finish (a chain of folders deeper than a path can name),
- * moved whole out of the way (into /tmp, else /): true once nothing is at `target`.
+ * moved whole out of the way (into /tmp, else /): true once nothing is at `target`. A folder that came
+ * with the image (/logs/verifier of a prepared image) cannot be moved (overlayfs without redirect_dir
+ * answers EXDEV), but what was made in it since can: each entry is moved out of it, then it goes.
  */
-async function removeOrMoveAway(target: string): Promise<boolean> {
+async function removeOrMoveAway(target: string, depth = 0): Promise<boolean> {
   await rm(target, { recursive: true, force: true }).catch(() => undefined);
   const gone = () => lstat(target).then(() => false, () => true);
   if (await gone()) return true;
   for (const dir of ['/tmp', '/']) {
     if (await rename(target, posix.join(dir, `.rf-left-${process.pid}-${Date.now()}-${posix.basename(target)}`)).then(() => true, () => false)) return gone();
+  }
+  if (depth < 2 && (await lstat(target).catch(() => undefined))?.isDirectory()) {
+    for (const name of await readdir(target).catch(() => [] as string[])) await removeOrMoveAway(posix.join(target, name), depth + 1);
+    await rm(target, { recursive: true, force: true }).catch(() => undefined);
   }
   return gone();
 }
