@@ -15,6 +15,7 @@ import { envBuildLockKey, envLastUsedKey } from '../redis/redis-keys.ts';
 import { tryLock } from '../redis/token-lock.ts';
 import { dockerCall, dockerStatusOf, engineId, type Docker } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
+import { PREPARED_IMAGE_REPOSITORY } from '../sandbox/prepared-images.ts';
 import { ENV_IMAGE_REPOSITORY } from './image-build.ts';
 
 export interface PruneDeps {
@@ -147,7 +148,11 @@ export async function pruneEnvironmentImages(deps: PruneDeps, opts: PruneOptions
 async function removeUnusedPreparedImages(deps: PruneDeps, images: DfImage[], now: number, minIdleMs: number, call: { timeoutMs: number }): Promise<number> {
   let removed = 0;
   for (const img of images) {
-    if (img.Labels?.[LABEL.preparedPrefix] !== deps.prefix || img.Containers > 0 || now - img.Created * 1000 < minIdleMs) continue;
+    // Named as a prepared image too (a task's own image may carry any label: a Dockerfile's LABEL), or
+    // named no more (two processes that made the same one: the later tag won).
+    const tags = (img.RepoTags ?? []).filter((t) => t !== '<none>:<none>');
+    const prepared = img.Labels?.[LABEL.preparedPrefix] === deps.prefix && (tags.length === 0 || tags.every((t) => t.startsWith(`${PREPARED_IMAGE_REPOSITORY}:`)));
+    if (!prepared || img.Containers > 0 || now - img.Created * 1000 < minIdleMs) continue;
     try {
       await dockerCall('remove image', call, (abortSignal) => deps.docker.getImage(img.Id).remove({ abortSignal } as object));
       removed += 1;

@@ -118,10 +118,17 @@ describe('prepared images', () => {
     expect(read.stdout.text).toBe('again\n');
   });
 
-  it('is pruned once no container uses it; one in use, and another fleet\'s, stay', async () => {
+  it('is pruned once no container uses it; one in use, another fleet\'s and a task image that carries the label stay', async () => {
     const used = await preparedImage(docker, baseId, await files('used'), opts);
     const unused = await preparedImage(docker, baseId, await files('unused'), opts);
     const otherFleet = await preparedImage(docker, baseId, await files('other'), { ...opts, prefix: `${prefix}-other` });
+    // A task's own image that carries the label (a Dockerfile may say anything) under a name of its own: not a prepared image.
+    const impostorFiles = await files('impostor');
+    const impostorId = await preparedImage(docker, baseId, impostorFiles, opts);
+    const impostor = `rollout-fleet/test-prepared-impostor:${run}`;
+    await docker.getImage(impostorId).tag({ repo: impostor.split(':')[0]!, tag: run });
+    await docker.getImage(preparedImageTag(baseId, impostorFiles)).remove(); // only untags: the other name stays
+    forgetPreparedImage(docker, baseId, impostorFiles);
     const holder = await docker.createContainer({ Image: used, Cmd: ['true'], Labels: { 'test.run': run } });
     try {
       const pruneDeps = { docker, redis: env.client, prefix, log: silentLog };
@@ -132,7 +139,9 @@ describe('prepared images', () => {
       expect(await imageIdOrUndefined(unused)).toBeUndefined();
       expect(await imageIdOrUndefined(used)).toBe(used);
       expect(await imageIdOrUndefined(otherFleet)).toBe(otherFleet);
+      expect(await imageIdOrUndefined(impostor)).toBe(impostorId);
     } finally {
+      await docker.getImage(impostorId).remove({ force: true }).catch(() => undefined);
       await holder.remove({ force: true });
       await docker.getImage(otherFleet).remove({ force: true }).catch(() => undefined);
     }
