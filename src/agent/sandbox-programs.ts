@@ -1,7 +1,8 @@
 // The programs the runtime generation carries into every sandbox, each bundled (with what it imports)
 // into one ESM file run by the runtime's node: the reference agent, the model forwarder that gives
 // any agent a loopback address for the model, and the end of the agent's turn (sweep's successor:
-// the workspace out, the tests in, the verifier; src/sandbox/end-of-turn/). A bundle is deterministic and named by its hash,
+// the workspace out, the tests in, the verifier; src/sandbox/end-of-turn/); beside them the keep-alive
+// of Harbor sandboxes (src/runtime/keep-alive.ts). A bundle is deterministic and named by its hash,
 // published once and never rewritten, so an unchanged program keeps its file identity and the runtime
 // generation is not rebuilt.
 import { createHash } from 'node:crypto';
@@ -11,6 +12,7 @@ import { build } from 'esbuild';
 import { exists, publishOnce } from '../files/atomic-write.ts';
 import { PACKAGE_ROOT, siblingModule } from '../package-paths.ts';
 import type { ExtraFile } from '../runtime/runtime-inputs.ts';
+import { KEEP_ALIVE_PATH, keepAliveProgram } from '../runtime/keep-alive.ts';
 import { END_OF_TURN_PATH } from '../sandbox/end-of-turn/end-of-turn.ts';
 
 /** Where the bundled reference agent sits inside the runtime generation. */
@@ -45,7 +47,12 @@ async function bundle(entry: string, name: string, dir: string, format: 'esm' | 
   });
   const bytes = result.outputFiles[0]?.contents;
   if (bytes === undefined) throw new Error(`esbuild produced no output for ${name}`);
-  const outFile = path.join(dir, `${name}-${createHash('sha256').update(bytes).digest('hex').slice(0, 16)}.${format === 'esm' ? 'mjs' : 'cjs'}`);
+  return publish(bytes, name, dir, format === 'esm' ? '.mjs' : '.cjs');
+}
+
+/** Write `bytes` into `dir` as <name>-<hash> (once) and return its path. */
+async function publish(bytes: Uint8Array, name: string, dir: string, extension: string): Promise<string> {
+  const outFile = path.join(dir, `${name}-${createHash('sha256').update(bytes).digest('hex').slice(0, 16)}${extension}`);
   if (await exists(outFile)) return outFile;
   await mkdir(dir, { recursive: true });
   const tmp = `${outFile}.${process.pid}.${Date.now()}.tmp`;
@@ -54,7 +61,8 @@ async function bundle(entry: string, name: string, dir: string, format: 'esm' | 
   return outFile;
 }
 
-/** Every sandbox program bundled into `dir`, as extra files of the runtime generation. */
+/** Every sandbox program bundled into `dir`, and the keep-alive, as extra files of the runtime generation. */
 export async function sandboxPrograms(dir: string): Promise<ExtraFile[]> {
-  return Promise.all(PROGRAMS.map(async (p) => ({ source: await bundle(p.entry, p.name, dir, p.format), path: p.path, mode: 0o644 as const })));
+  const bundles = await Promise.all(PROGRAMS.map(async (p) => ({ source: await bundle(p.entry, p.name, dir, p.format), path: p.path, mode: 0o644 as const })));
+  return [...bundles, { source: await publish(keepAliveProgram(), 'keep-alive', dir, ''), path: KEEP_ALIVE_PATH, mode: 0o755 }];
 }

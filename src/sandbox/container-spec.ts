@@ -5,6 +5,7 @@ import { randomBytes } from 'node:crypto';
 import type Docker from 'dockerode';
 import { HARBOR_CAPABILITIES } from '../tasks/task-spec.ts';
 import type { Limits } from '../tasks/task-spec.ts';
+import { KEEP_ALIVE_PATH } from '../runtime/keep-alive.ts';
 import { LABEL, pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
 import { enginePidsLimit, type SandboxRuntime } from './sandbox-runtime.ts';
 
@@ -52,7 +53,7 @@ export interface SessionSpec {
     user?: string | undefined;
     /**
      * The keep-alive, the argument of the image's ENTRYPOINT: a program of a read-only mount (the
-     * runtime generation's node), so a root agent cannot put its own in its place for the restart
+     * runtime generation's keep-alive), so a root agent cannot put its own in its place for the restart
      * before grading (the image's `sleep` is the agent's to replace).
      */
     keepAlive: readonly string[];
@@ -71,9 +72,9 @@ export interface SessionSpec {
 /** What a root agent of a Harbor task (and each of its task services) keeps of Docker's default capabilities (task-spec.ts). */
 export { HARBOR_CAPABILITIES } from '../tasks/task-spec.ts';
 
-/** The keep-alive of a Harbor sandbox (Harbor's is `sh -c "sleep infinity"`), run by the runtime generation's node at `mountPath`. */
+/** The keep-alive of a Harbor sandbox (Harbor's is `sh -c "sleep infinity"`): the runtime generation's at `mountPath` (keep-alive.ts). */
 export function harborKeepAlive(runtimeMountPath: string): string[] {
-  return [`${runtimeMountPath}/bin/node`, '-e', 'setInterval(() => {}, 2 ** 30)'];
+  return [`${runtimeMountPath}/${KEEP_ALIVE_PATH}`];
 }
 
 /** A fresh container name: the pool's worker or the episode and attempt, and a random tail. */

@@ -19,6 +19,7 @@ import { dockerCall, dockerStatusOf } from './docker-client.ts';
 import { LABEL, sandboxLabels, type SandboxOwner } from './labels.ts';
 import { removeContainer } from './remove-container.ts';
 import type { VolumeMount } from './container-spec.ts';
+import { KEEP_ALIVE_PATH } from '../runtime/keep-alive.ts';
 
 export interface ServicesDeps {
   docker: Docker;
@@ -49,7 +50,7 @@ export interface ServicesInput {
   mainImage: string;
   /** Every service's limits: the task's. */
   limits: Pick<Limits, 'memoryMb' | 'cpus' | 'pids'>;
-  /** The runtime generation's mount: its node is the holder's keep-alive. */
+  /** The runtime generation's mount: its keep-alive (keep-alive.ts) is the holder's. */
   runtime: VolumeMount;
 }
 
@@ -111,8 +112,8 @@ export async function startTaskServices(deps: ServicesDeps, input: ServicesInput
   const holder = await dockerCall('create the services\' namespace holder', call, (abortSignal) => docker.createContainer({
     name: `${key}-ns`,
     Image: input.mainImage,
-    Entrypoint: [`${input.runtime.target}/bin/node`],
-    Cmd: ['-e', 'setInterval(() => {}, 2 ** 30)'],
+    Entrypoint: [`${input.runtime.target}/${KEEP_ALIVE_PATH}`],
+    Cmd: [],
     User: '65534:65534',
     Hostname: 'main',
     Labels: labels('holder'),

@@ -201,7 +201,12 @@ describe('warm sandbox pool', () => {
       expect(info.Image).not.toBe(first!.provenance.imageId);
       expect((await docker.getImage(info.Image).inspect()).Parent).toBe(first!.provenance.imageId);
       expect(info.Config.Entrypoint).toEqual(['/usr/local/bin/entrypoint.sh']);
-      expect(info.Config.Cmd?.[0]).toMatch(/\/bin\/node$/);
+      expect(info.Config.Cmd).toEqual([expect.stringMatching(/\/bin\/keep-alive$/)]);
+      // The keep-alive runs (the ENTRYPOINT exec'd it) and holds next to nothing of the task's memory.
+      const top = await docker.getContainer(warm!.Id).top({ ps_args: '-o pid,rss,args' }) as { Processes: string[][] };
+      const keepAlive = top.Processes.find((p) => p[2]!.endsWith('/bin/keep-alive'));
+      expect(keepAlive, JSON.stringify(top.Processes)).toBeDefined();
+      expect(Number(keepAlive![1])).toBeLessThan(1024); // KiB
       expect(info.Config.User).toBe('');
       expect(info.HostConfig.NetworkMode).toBe('none');
       expect(info.HostConfig.CapDrop).toEqual(['ALL']);
