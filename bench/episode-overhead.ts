@@ -9,8 +9,11 @@
 // Printed: enqueue -> last result, summed over rounds, episodes/s, the ratio fleet time / direct time
 // (lower is better), the throughput ratio, each round's ratio, and the episodes' own phase timings
 // (result.timings, every numeric field present; setupMs runs from pick-up to the workspace copied in,
-// so it is claim -> first agent exec, less the exec's own start). Timed runs talk to the engine
-// directly; only the call count goes through the counting proxy (which adds a hop).
+// so it is claim -> first agent exec, less the exec's own start), and the host CPU per episode of each
+// side (every process of the machine, from /proc/stat: saturated, the two cores are the limit, so this
+// is what sets throughput; the fleet's from enqueue to every sandbox removed, with the workers' own and
+// this bench's polls apart). Timed runs talk to the engine directly; only the call count goes through
+// the counting proxy (which adds a hop).
 //
 // --task harbor: the same measured on a Harbor task in a built image (task.toml, environment/Dockerfile
 // FROM the ubuntu:24.04 stand-in, tests/test.sh writing /logs/verifier/reward.txt), the agent the same
