@@ -15,7 +15,8 @@ import { envBuildLockKey, envLastUsedKey } from '../redis/redis-keys.ts';
 import { tryLock } from '../redis/token-lock.ts';
 import { dockerCall, dockerStatusOf, engineId, type Docker } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
-import { PREPARED_IMAGE_REPOSITORY } from '../sandbox/prepared-images.ts';
+import { PREPARE_CONTAINER_PREFIX, PREPARED_IMAGE_REPOSITORY } from '../sandbox/prepared-images.ts';
+import { removeContainer } from '../sandbox/remove-container.ts';
 import { ENV_IMAGE_REPOSITORY } from './image-build.ts';
 
 export interface PruneDeps {
@@ -162,5 +163,15 @@ async function removeUnusedPreparedImages(deps: PruneDeps, images: DfImage[], no
     }
   }
   if (removed > 0) deps.log.info({ removed }, 'unused prepared images removed');
+  // The never started container one was committed from, left by a process killed in that moment (a
+  // commit takes well under a second: one older than minIdleMs is nobody's). Named, not labelled: a
+  // label would pass to the image and every sandbox of it.
+  const left = await dockerCall('list containers', call, (abortSignal) => deps.docker.listContainers({
+    all: true, filters: { name: [PREPARE_CONTAINER_PREFIX], status: ['created'] }, abortSignal,
+  } as Docker.ContainerListOptions));
+  for (const c of left) {
+    if (!c.Names.some((n) => n.startsWith(`/${PREPARE_CONTAINER_PREFIX}`)) || now - c.Created * 1000 < minIdleMs) continue;
+    await removeContainer(deps.docker, c.Id, call.timeoutMs).catch((err: unknown) => deps.log.warn({ containerId: c.Id, err: String(err) }, 'removing a left prepare container failed'));
+  }
   return removed;
 }

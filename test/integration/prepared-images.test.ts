@@ -9,7 +9,7 @@ import type Docker from 'dockerode';
 import { tarBuffer } from '../../src/archive/tar-buffer.ts';
 import { pruneEnvironmentImages } from '../../src/environments/prune-images.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
-import { PREPARED_IMAGE_REPOSITORY, forgetPreparedImage, preparedImage, preparedImageTag } from '../../src/sandbox/prepared-images.ts';
+import { PREPARE_CONTAINER_PREFIX, PREPARED_IMAGE_REPOSITORY, forgetPreparedImage, preparedImage, preparedImageTag } from '../../src/sandbox/prepared-images.ts';
 import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
 import { SANDBOX_USER } from '../../src/sandbox/sandbox-user.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
@@ -118,7 +118,7 @@ describe('prepared images', () => {
     expect(read.stdout.text).toBe('again\n');
   });
 
-  it('is pruned once no container uses it; one in use, another fleet\'s and a task image that carries the label stay', async () => {
+  it('is pruned once no container uses it, with a commit container a killed process left; one in use, another fleet\'s and a task image that carries the label stay', async () => {
     const used = await preparedImage(docker, baseId, await files('used'), opts);
     const unused = await preparedImage(docker, baseId, await files('unused'), opts);
     const otherFleet = await preparedImage(docker, baseId, await files('other'), { ...opts, prefix: `${prefix}-other` });
@@ -130,19 +130,26 @@ describe('prepared images', () => {
     await docker.getImage(preparedImageTag(baseId, impostorFiles)).remove(); // only untags: the other name stays
     forgetPreparedImage(docker, baseId, impostorFiles);
     const holder = await docker.createContainer({ Image: used, Cmd: ['true'], Labels: { 'test.run': run } });
+    // What a process killed between its commit container's create and removal leaves: never started, named, no label.
+    const left = await docker.createContainer({ name: `${PREPARE_CONTAINER_PREFIX}left-${run}`, Image: baseId, Cmd: ['true'] });
     try {
       const pruneDeps = { docker, redis: env.client, prefix, log: silentLog };
       // Made a moment ago: a process may be about to create from it.
       await pruneEnvironmentImages(pruneDeps, { budgetBytes: 10 * 2 ** 30, minIdleMs: 60_000 });
       expect(await imageIdOrUndefined(unused)).toBe(unused);
+      expect((await docker.getContainer(left.id).inspect()).Id).toBe(left.id);
       await pruneEnvironmentImages(pruneDeps, { budgetBytes: 10 * 2 ** 30, minIdleMs: 0 });
       expect(await imageIdOrUndefined(unused)).toBeUndefined();
       expect(await imageIdOrUndefined(used)).toBe(used);
       expect(await imageIdOrUndefined(otherFleet)).toBe(otherFleet);
       expect(await imageIdOrUndefined(impostor)).toBe(impostorId);
+      // The left commit container went; the holder (another name, a container in use of an image) stays.
+      expect(await docker.getContainer(left.id).inspect().then(() => 'there', () => 'gone')).toBe('gone');
+      expect((await docker.getContainer(holder.id).inspect()).Id).toBe(holder.id);
     } finally {
       await docker.getImage(impostorId).remove({ force: true }).catch(() => undefined);
       await holder.remove({ force: true });
+      await left.remove({ force: true }).catch(() => undefined);
       await docker.getImage(otherFleet).remove({ force: true }).catch(() => undefined);
     }
   });
