@@ -2,7 +2,7 @@
 // into one ESM file run by the runtime's node: the reference agent, the model forwarder that gives
 // any agent a loopback address for the model, and the end of the agent's turn (sweep's successor:
 // the workspace out, the tests in, the verifier; src/sandbox/end-of-turn/); beside them the keep-alive
-// of Harbor sandboxes (src/runtime/keep-alive.ts). A bundle is deterministic and named by its hash,
+// of Harbor sandboxes (src/sandbox/keep-alive.ts). A bundle is deterministic and named by its hash,
 // published once and never rewritten, so an unchanged program keeps its file identity and the runtime
 // generation is not rebuilt.
 import { createHash } from 'node:crypto';
@@ -12,7 +12,7 @@ import { build } from 'esbuild';
 import { exists, publishOnce } from '../files/atomic-write.ts';
 import { PACKAGE_ROOT, siblingModule } from '../package-paths.ts';
 import type { ExtraFile } from '../runtime/runtime-inputs.ts';
-import { KEEP_ALIVE_PATH, keepAliveProgram } from '../runtime/keep-alive.ts';
+import { KEEP_ALIVE_PATH, keepAliveProgram } from '../sandbox/keep-alive.ts';
 import { END_OF_TURN_PATH } from '../sandbox/end-of-turn/end-of-turn.ts';
 
 /** Where the bundled reference agent sits inside the runtime generation. */

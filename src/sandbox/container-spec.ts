@@ -5,7 +5,7 @@ import { randomBytes } from 'node:crypto';
 import type Docker from 'dockerode';
 import { HARBOR_CAPABILITIES } from '../tasks/task-spec.ts';
 import type { Limits } from '../tasks/task-spec.ts';
-import { KEEP_ALIVE_PATH } from '../runtime/keep-alive.ts';
+import { KEEP_ALIVE_PATH } from './keep-alive.ts';
 import { LABEL, pooledLabels, sandboxLabels, type SandboxOwner } from './labels.ts';
 import { enginePidsLimit, type SandboxRuntime } from './sandbox-runtime.ts';
 

@@ -19,7 +19,7 @@ import { dockerCall, dockerStatusOf } from './docker-client.ts';
 import { LABEL, sandboxLabels, type SandboxOwner } from './labels.ts';
 import { removeContainer } from './remove-container.ts';
 import type { VolumeMount } from './container-spec.ts';
-import { KEEP_ALIVE_PATH } from '../runtime/keep-alive.ts';
+import { KEEP_ALIVE_PATH } from './keep-alive.ts';
 
 export interface ServicesDeps {
   docker: Docker;

@@ -7,7 +7,7 @@ import { chmod, mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { keepAliveProgram } from '../../src/runtime/keep-alive.ts';
+import { keepAliveProgram } from '../../src/sandbox/keep-alive.ts';
 
 describe('the keep-alive program', () => {
   it('is a 64-bit little-endian x86-64 executable loading itself at 0x400000 and entering at its code', () => {
