@@ -15,7 +15,7 @@ import { envBuildLockKey, envLastUsedKey } from '../redis/redis-keys.ts';
 import { tryLock } from '../redis/token-lock.ts';
 import { dockerCall, dockerStatusOf, engineId, type Docker } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
-import { PREPARE_CONTAINER_PREFIX, PREPARED_IMAGE_REPOSITORY } from '../sandbox/prepared-images.ts';
+import { PREPARED_IMAGE_REPOSITORY, prepareContainerPrefix } from '../sandbox/prepared-images.ts';
 import { removeContainer } from '../sandbox/remove-container.ts';
 import { ENV_IMAGE_REPOSITORY } from './image-build.ts';
 
@@ -36,6 +36,11 @@ export interface PruneOptions {
   callTimeoutMs?: number;
   /** The current time, for tests. @default Date.now() */
   nowMs?: number;
+  /**
+   * A never started container this fleet committed a prepared image from, left this long, is a
+   * killed process's (a commit takes well under a second). @default max(minIdleMs, 5 minutes)
+   */
+  leftPrepareMs?: number;
 }
 
 export interface PruneResult {
@@ -83,7 +88,8 @@ export async function pruneEnvironmentImages(deps: PruneDeps, opts: PruneOptions
   // Prepared images first (the fleet's sandboxes' files over a base, prepared-images.ts): one no
   // container uses is remade in a moment when asked for again, and while it is there its base's layers
   // count as shared and its base cannot be removed.
-  if (await removeUnusedPreparedImages(deps, df.Images ?? [], now, minIdleMs, call) > 0) df = await diskUsage();
+  const leftPrepareMs = opts.leftPrepareMs ?? Math.max(minIdleMs, 300_000);
+  if (await removeUnusedPreparedImages(deps, df.Images ?? [], now, { minIdleMs, leftPrepareMs }, call) > 0) df = await diskUsage();
   const lastUsed = await redis.hgetall(lastUsedKey);
   const candidates: Candidate[] = [];
   for (const img of df.Images ?? []) {
@@ -146,7 +152,9 @@ export async function pruneEnvironmentImages(deps: PruneDeps, opts: PruneOptions
  * more (a process that made one a moment ago is about to create from it; one that finds it gone makes
  * it again). Not forced: an image a container took since answers 409 and stays. Returns how many went.
  */
-async function removeUnusedPreparedImages(deps: PruneDeps, images: DfImage[], now: number, minIdleMs: number, call: { timeoutMs: number }): Promise<number> {
+async function removeUnusedPreparedImages(
+  deps: PruneDeps, images: DfImage[], now: number, { minIdleMs, leftPrepareMs }: { minIdleMs: number; leftPrepareMs: number }, call: { timeoutMs: number },
+): Promise<number> {
   let removed = 0;
   for (const img of images) {
     // Named as a prepared image too (a task's own image may carry any label: a Dockerfile's LABEL), or
@@ -163,14 +171,14 @@ async function removeUnusedPreparedImages(deps: PruneDeps, images: DfImage[], no
     }
   }
   if (removed > 0) deps.log.info({ removed }, 'unused prepared images removed');
-  // The never started container one was committed from, left by a process killed in that moment (a
-  // commit takes well under a second: one older than minIdleMs is nobody's). Named, not labelled: a
-  // label would pass to the image and every sandbox of it.
+  // The never started container one was committed from, left by a process of this fleet killed in
+  // that moment. Named, not labelled: a label would pass to the image and every sandbox of it.
+  const name = prepareContainerPrefix(deps.prefix);
   const left = await dockerCall('list containers', call, (abortSignal) => deps.docker.listContainers({
-    all: true, filters: { name: [PREPARE_CONTAINER_PREFIX], status: ['created'] }, abortSignal,
+    all: true, filters: { name: [name], status: ['created'] }, abortSignal,
   } as Docker.ContainerListOptions));
   for (const c of left) {
-    if (!c.Names.some((n) => n.startsWith(`/${PREPARE_CONTAINER_PREFIX}`)) || now - c.Created * 1000 < minIdleMs) continue;
+    if (!c.Names.some((n) => n.startsWith(`/${name}`)) || now - c.Created * 1000 < leftPrepareMs) continue;
     await removeContainer(deps.docker, c.Id, call.timeoutMs).catch((err: unknown) => deps.log.warn({ containerId: c.Id, err: String(err) }, 'removing a left prepare container failed'));
   }
   return removed;

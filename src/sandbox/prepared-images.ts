@@ -22,8 +22,10 @@ import { removeContainer } from './remove-container.ts';
 
 /** Repository of prepared images; the tag is 24 hex digits of sha256(base image id, files). */
 export const PREPARED_IMAGE_REPOSITORY = 'rollout-fleet/prepared';
-/** The name of every container a prepared image is committed from starts so. */
-export const PREPARE_CONTAINER_PREFIX = 'rf-prepare-';
+/** How the name of every container fleet `prefix` commits a prepared image from starts (a hash of the prefix: any characters may be in it). */
+export function prepareContainerPrefix(prefix: string): string {
+  return `rf-prepare-${createHash('sha256').update(prefix).digest('hex').slice(0, 12)}-`;
+}
 
 const made = new WeakMap<Docker, Map<string, Promise<string>>>();
 
@@ -77,7 +79,7 @@ async function findOrMake(docker: Docker, baseImageId: string, files: Buffer, ta
   const needsCommand = !(base.Config?.Entrypoint?.length) && !(base.Config?.Cmd?.length);
   const t0 = performance.now();
   const container = await dockerCall('create container', call, (abortSignal) => docker.createContainer({
-    name: `${PREPARE_CONTAINER_PREFIX}${tag.slice(tag.indexOf(':') + 1)}-${randomBytes(3).toString('hex')}`,
+    name: `${prepareContainerPrefix(opts.prefix)}${tag.slice(tag.indexOf(':') + 1)}-${randomBytes(3).toString('hex')}`,
     Image: baseImageId,
     ...(needsCommand && { Cmd: ['true'] }),
     NetworkDisabled: true,

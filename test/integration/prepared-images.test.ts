@@ -9,7 +9,7 @@ import type Docker from 'dockerode';
 import { tarBuffer } from '../../src/archive/tar-buffer.ts';
 import { pruneEnvironmentImages } from '../../src/environments/prune-images.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
-import { PREPARE_CONTAINER_PREFIX, PREPARED_IMAGE_REPOSITORY, forgetPreparedImage, preparedImage, preparedImageTag } from '../../src/sandbox/prepared-images.ts';
+import { PREPARED_IMAGE_REPOSITORY, forgetPreparedImage, prepareContainerPrefix, preparedImage, preparedImageTag } from '../../src/sandbox/prepared-images.ts';
 import { SandboxSession } from '../../src/sandbox/sandbox-session.ts';
 import { SANDBOX_USER } from '../../src/sandbox/sandbox-user.ts';
 import { DEFAULT_IMAGE } from '../../src/tasks/task-spec.ts';
@@ -131,14 +131,16 @@ describe('prepared images', () => {
     forgetPreparedImage(docker, baseId, impostorFiles);
     const holder = await docker.createContainer({ Image: used, Cmd: ['true'], Labels: { 'test.run': run } });
     // What a process killed between its commit container's create and removal leaves: never started, named, no label.
-    const left = await docker.createContainer({ name: `${PREPARE_CONTAINER_PREFIX}left-${run}`, Image: baseId, Cmd: ['true'] });
+    const left = await docker.createContainer({ name: `${prepareContainerPrefix(prefix)}left-${run}`, Image: baseId, Cmd: ['true'] });
+    // Another fleet's, as old: not this fleet's to remove.
+    const othersLeft = await docker.createContainer({ name: `${prepareContainerPrefix(`${prefix}-other`)}left-${run}`, Image: baseId, Cmd: ['true'] });
     try {
       const pruneDeps = { docker, redis: env.client, prefix, log: silentLog };
       // Made a moment ago: a process may be about to create from it.
-      await pruneEnvironmentImages(pruneDeps, { budgetBytes: 10 * 2 ** 30, minIdleMs: 60_000 });
+      await pruneEnvironmentImages(pruneDeps, { budgetBytes: 10 * 2 ** 30, minIdleMs: 60_000, leftPrepareMs: 60_000 });
       expect(await imageIdOrUndefined(unused)).toBe(unused);
       expect((await docker.getContainer(left.id).inspect()).Id).toBe(left.id);
-      await pruneEnvironmentImages(pruneDeps, { budgetBytes: 10 * 2 ** 30, minIdleMs: 0 });
+      await pruneEnvironmentImages(pruneDeps, { budgetBytes: 10 * 2 ** 30, minIdleMs: 0, leftPrepareMs: 0 });
       expect(await imageIdOrUndefined(unused)).toBeUndefined();
       expect(await imageIdOrUndefined(used)).toBe(used);
       expect(await imageIdOrUndefined(otherFleet)).toBe(otherFleet);
@@ -146,10 +148,12 @@ describe('prepared images', () => {
       // The left commit container went; the holder (another name, a container in use of an image) stays.
       expect(await docker.getContainer(left.id).inspect().then(() => 'there', () => 'gone')).toBe('gone');
       expect((await docker.getContainer(holder.id).inspect()).Id).toBe(holder.id);
+      expect((await docker.getContainer(othersLeft.id).inspect()).Id).toBe(othersLeft.id);
     } finally {
       await docker.getImage(impostorId).remove({ force: true }).catch(() => undefined);
       await holder.remove({ force: true });
       await left.remove({ force: true }).catch(() => undefined);
+      await othersLeft.remove({ force: true });
       await docker.getImage(otherFleet).remove({ force: true }).catch(() => undefined);
     }
   });
