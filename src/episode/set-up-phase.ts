@@ -33,6 +33,8 @@ import { DEFAULT_ENDPOINT } from '../config/model-endpoints.ts';
 export type SetUpDeps = Pick<EpisodeDeps, 'docker' | 'redis' | 'prefix' | 'log' | 'workerId' | 'evidence' | 'callTimeoutMs' | 'prepareRuntime' | 'dataDir' | 'model' | 'pool' | 'upcoming' | 'sandboxRuntime' | 'policy' | 'network' | 'registry'>;
 
 const ROOT = { uid: 0, gid: 0 } as const;
+/** A command agent's sandboxes are seeded with its task's workspace from this size of its tar on (docs/USAGE.md, the warm sandbox pool). */
+export const SEED_COMMAND_MIN_BYTES = 1024 * 1024;
 
 export async function setUp(
   attempt: EpisodeAttempt,
@@ -100,9 +102,12 @@ export async function setUp(
       claimed = await deadline.run('claiming a warm sandbox', async (signal) => {
         // A GRPO group runs one task k times: while more of this task wait in the queue, the pool keeps
         // sandboxes seeded with its workspace (their own kind), else the kind for any task of the image.
-        const more = seededSpec !== undefined && deps.upcoming !== undefined && await deps.upcoming.moreOf(job.taskDigest, job.episodeId);
-        const fromSeeded = seededSpec && await pool.claim(seededSpec, owner, signal, setUpDone, { fill: more, seeded: true });
-        if (fromSeeded !== undefined) {
+        // A command agent's exec unpacks a small workspace itself in a few ms: seeding would cost each
+        // sandbox a put (~50 ms of the engine's CPU) to save them, so only a big one is seeded for it.
+        const seedable = seededSpec !== undefined && (job.agent.kind !== 'command' || seededSpec.filesBeforeStart!.length >= SEED_COMMAND_MIN_BYTES);
+        const more = seedable && deps.upcoming !== undefined && await deps.upcoming.moreOf(job.taskDigest, job.episodeId);
+        const fromSeeded = seedable && await pool.claim(seededSpec, owner, signal, setUpDone, { fill: more, seeded: true });
+        if (fromSeeded) {
           seeded = true;
           // The task's last one coming: its place goes back to the kind for any task.
           if (!more) pool.prefill(poolSpec, setUpDone);

@@ -9,6 +9,7 @@ import { readFile, readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { WorkerHandle } from '../../src/worker/start-worker.ts';
+import { SEED_COMMAND_MIN_BYTES } from '../../src/episode/set-up-phase.ts';
 import { sandboxClaimKey } from '../../src/redis/redis-keys.ts';
 import { SandboxPool } from '../../src/sandbox/sandbox-pool.ts';
 import { LABEL } from '../../src/sandbox/labels.ts';
@@ -51,6 +52,8 @@ describe('warm sandbox pool', () => {
       const plan = await enqueueFile(env, file);
       const results = await waitForResults(env, plan.batchId, 4);
       for (const r of results) expect(r, JSON.stringify(r)).toMatchObject({ status: 'passed', reward: 1 });
+      // A command agent with a small workspace: never seeded (its own exec unpacks the workspace), though more of its task waited.
+      expect(results.filter((r) => r.sandbox?.seeded).map((r) => r.sandbox), JSON.stringify(results.map((r) => r.sandbox))).toEqual([]);
       // The first episode found the pool empty and made its own; one at a time, the next ones found it filled.
       const claimed = results.filter((r) => r.sandbox?.pooled);
       expect(claimed.length, JSON.stringify(results.map((r) => r.sandbox))).toBeGreaterThanOrEqual(2);
@@ -86,7 +89,8 @@ describe('warm sandbox pool', () => {
     const worker: WorkerHandle = await startEnvWorker(env, 'pool-seed', { concurrency: 1, sandboxPool: 1 });
     const seededTask = (id: string) => ({
       yaml: `id: ${id}\ninstruction: copy seed.txt\nverify:\n  command: grep -qx ${id} seen.txt && grep -qx fixed state.txt\n  timeoutSec: 10\ndeadlineSec: 120\nreserves: { setupSec: 30, closeSec: 20 }\n`,
-      files: { 'workspace/state.txt': 'broken\n', 'workspace/seed.txt': `${id}\n`, 'tests/.keep': '' },
+      // Big enough that a command agent's sandboxes are seeded with it (a small one its exec unpacks itself).
+      files: { 'workspace/state.txt': 'broken\n', 'workspace/seed.txt': `${id}\n`, 'workspace/filler.txt': 'x'.repeat(SEED_COMMAND_MIN_BYTES), 'tests/.keep': '' },
     });
     try {
       // The agent passes only on its own task's workspace as the task wrote it (state.txt still broken),
