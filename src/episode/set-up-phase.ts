@@ -83,9 +83,8 @@ export async function setUp(
   // before its start, in the pool while more of the task wait (a GRPO group), and when set-up creates
   // the sandbox for another agent than a command.
   const poolSpec: PoolSpec = { ...common, ...(harborSpec ? { harbor: harborSpec, filesInImage: await harborLogsTar() } : { filesInImage: await userFoldersTar(task.workdir) }) };
-  const seededSpec: PoolSpec | undefined = harborSpec ? undefined : {
-    ...poolSpec, filesBeforeStart: await archive.partAsTar('workspace', task.workdir, SANDBOX_USER),
-  };
+  const workspaceTar = harborSpec ? undefined : await archive.partAsTar('workspace', task.workdir, SANDBOX_USER);
+  const seededSpec: PoolSpec | undefined = workspaceTar && { ...poolSpec, filesBeforeStart: workspaceTar };
   // A warm sandbox of the worker's pool when one of this kind is ready: no create or start to wait for.
   const pool = deps.pool;
   // A miss fills the kind once this set-up is done with the engine too: a warm sandbox made beside this
@@ -104,9 +103,9 @@ export async function setUp(
         // sandboxes seeded with its workspace (their own kind), else the kind for any task of the image.
         // A command agent's exec unpacks a small workspace itself in a few ms: seeding would cost each
         // sandbox a put (~50 ms of the engine's CPU) to save them, so only a big one is seeded for it.
-        const seedable = seededSpec !== undefined && (job.agent.kind !== 'command' || seededSpec.filesBeforeStart!.length >= SEED_COMMAND_MIN_BYTES);
+        const seedable = workspaceTar !== undefined && (job.agent.kind !== 'command' || workspaceTar.length >= SEED_COMMAND_MIN_BYTES);
         const more = seedable && deps.upcoming !== undefined && await deps.upcoming.moreOf(job.taskDigest, job.episodeId);
-        const fromSeeded = seedable && await pool.claim(seededSpec, owner, signal, setUpDone, { fill: more, seeded: true });
+        const fromSeeded = seedable && seededSpec && await pool.claim(seededSpec, owner, signal, setUpDone, { fill: more, seeded: true });
         if (fromSeeded) {
           seeded = true;
           // The task's last one coming: its place goes back to the kind for any task.
@@ -172,8 +171,8 @@ export async function setUp(
     made.imageId = imageId;
     let workspaceIn: Buffer | undefined;
     if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline);
-    else if (!seeded && seededSpec?.filesBeforeStart !== undefined) {
-      const workspace = seededSpec.filesBeforeStart;
+    else if (!seeded && workspaceTar !== undefined) {
+      const workspace = workspaceTar;
       // A command agent's own exec unpacks it first (src/agent/command-agent.ts): one engine call fewer.
       if (job.agent.kind === 'command') workspaceIn = workspace;
       else await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
