@@ -31,7 +31,8 @@
 //    is not) and decide: a wrong answer fails, the right one passes.
 // All batches are enqueued at once (one worker, four episodes at a time); each case waits on its own.
 // Measured alone on 2 cores: about 45 s for the file.
-import { readFile } from 'node:fs/promises';
+import { cp, mkdtemp, readFile } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { EpisodeResult } from '../../src/episode/episode-job.ts';
@@ -40,7 +41,14 @@ import type { WorkerHandle } from '../../src/worker/start-worker.ts';
 import { ROOT, docker, enqueueFile, fleetContainers, startEnvWorker, startFleetEnv, waitFor, waitForResults, type FleetEnv } from '../helpers/fleet.ts';
 import { writeBatch } from '../helpers/scratch-tasks.ts';
 
-const FIXTURES = path.join(ROOT, 'test/fixtures/prepared-hostile');
+const SOURCES = path.join(ROOT, 'test/fixtures/prepared-hostile');
+/** Files several fixture tasks carry (a task folder is whole on its own): kept once in _shared/, laid into each task's copy. */
+const SHARED: Array<{ file: string; into: string; tasks: readonly string[] }> = [
+  { file: 'kill-all.py', into: 'solution', tasks: ['kill-keepalive-right', 'kill-keepalive-wrong', 'kill-keepalive-services', 'kill-keepalive-user', 'kill-keepalive-no-workdir', 'replace-keepalive'] },
+  { file: 'chain.sh', into: 'workspace', tasks: ['own-fake-pass', 'own-fake-fail', 'own-fake-pids', 'own-reward-file'] },
+];
+/** The fixture tasks as enqueued: a copy of SOURCES with the shared files in place (set in beforeAll). */
+let fixtures = '';
 /** Root agents (one the image's USER, as its keep-alive) that kill every process they can see but PID 1. */
 const KILLERS = ['kill-keepalive-right', 'kill-keepalive-wrong', 'kill-keepalive-services', 'kill-keepalive-user', 'kill-keepalive-no-workdir'];
 /** Root agents that plant a reward of 1 in, or in place of, /logs/verifier. */
@@ -77,7 +85,7 @@ describe('prepared images and the static keep-alive against hostile agents', () 
   /** Enqueue the fixture tasks `ids` with `agent`; resolves once every result is in and nothing of the batch is left. */
   async function run(ids: string[], agent: string, more = ''): Promise<Run> {
     const started = Date.now();
-    const file = await writeBatch(`tasks: ${JSON.stringify(ids.map((id) => path.join(FIXTURES, id)))}\nagent: ${agent}\nsamples: 1\n${more}`, {});
+    const file = await writeBatch(`tasks: ${JSON.stringify(ids.map((id) => path.join(fixtures, id)))}\nagent: ${agent}\nsamples: 1\n${more}`, {});
     const plan = await enqueueFile(env, file);
     const results = await waitForResults(env, plan.batchId, plan.jobs.length, RESULTS_WITHIN_MS);
     const byTask = new Map(results.map((r) => [r.taskId, r]));
@@ -95,6 +103,11 @@ describe('prepared images and the static keep-alive against hostile agents', () 
   }
 
   beforeAll(async () => {
+    fixtures = path.join(await mkdtemp(path.join(os.tmpdir(), 'rf-prepared-hostile-')), 'tasks');
+    await cp(SOURCES, fixtures, { recursive: true });
+    for (const { file, into, tasks } of SHARED) {
+      for (const task of tasks) await cp(path.join(SOURCES, '_shared', file), path.join(fixtures, task, into, file));
+    }
     env = await startFleetEnv();
     worker = await startEnvWorker(env, 'prepared-hostile-w', { concurrency: 4 });
     const oracle = '{ kind: oracle }';
