@@ -121,6 +121,9 @@ async function besideProcesses(max = 100): Promise<{ processes: Array<{ pid: num
   return { processes, more };
 }
 
+/** How many things this run moved out of the way: each gets a name of its own. */
+let movedAway = 0;
+
 /**
  * `target` removed, or, where removing cannot finish (a chain of folders deeper than a path can name),
  * moved whole out of the way (into /tmp, else /): true once nothing is at `target`. A folder that came
@@ -132,7 +135,7 @@ async function removeOrMoveAway(target: string, depth = 0): Promise<boolean> {
   const gone = () => lstat(target).then(() => false, () => true);
   if (await gone()) return true;
   for (const dir of ['/tmp', '/']) {
-    if (await rename(target, posix.join(dir, `.rf-left-${process.pid}-${Date.now()}-${posix.basename(target)}`)).then(() => true, () => false)) return gone();
+    if (await rename(target, posix.join(dir, `.rf-left-${process.pid}-${movedAway++}-${posix.basename(target)}`)).then(() => true, () => false)) return gone();
   }
   if (depth < 2 && (await lstat(target).catch(() => undefined))?.isDirectory()) {
     for (const name of await readdir(target).catch(() => [] as string[])) await removeOrMoveAway(posix.join(target, name), depth + 1);
