@@ -32,14 +32,15 @@ export interface SessionSpec {
   /** Host folders bind-mounted read-only at the same path (the model proxy's socket folder). @default [] */
   bindFolders?: string[];
   /**
-   * A tar for / that every sandbox of this kind starts with (our tasks' /tests and workdir, a Harbor
-   * task's /logs, a seeded task's workspace): made part of the image the sandbox is created from, once
-   * per engine (prepared-images.ts), so no sandbox needs a put of it. The session's imageId stays the
-   * image's own.
+   * A tar for / of the folders every sandbox of this kind starts with (our tasks' /tests and workdir, a
+   * Harbor task's /logs; never a workspace, whose folders must stay renamable): made part of the image
+   * the sandbox is created from, once per engine (prepared-images.ts), so no sandbox needs a put of it.
+   * The session's imageId stays the image's own.
    */
   filesInImage?: Buffer;
   /**
-   * A tar written at / into the created container before it starts (a Harbor sandbox's /logs folders),
+   * A tar written at / into the created container before it starts (a seeded sandbox's workspace, a
+   * separate verifier's /logs),
    * so its ENTRYPOINT already finds them: one engine call, where an exec costs three and a process.
    */
   filesBeforeStart?: Buffer;

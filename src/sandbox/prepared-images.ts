@@ -1,5 +1,5 @@
-// Files every sandbox of a kind starts with (our tasks' /tests and workdir, the sandbox user's; a
-// Harbor task's /logs; a seeded task's workspace), made part of an image once per engine instead of
+// The folders every sandbox of a kind starts with (our tasks' /tests and workdir, the sandbox user's; a
+// Harbor task's /logs; never a workspace: see set-up-phase.ts), made part of an image once per engine instead of
 // written into each sandbox: the image plus one layer, committed from a created, never started
 // container that got the files. A put costs the engine a re-exec of its archive helper (~50 ms of
 // host CPU here, as much as an exec); creating from the prepared image costs what creating from its

@@ -46,6 +46,8 @@ const SOURCES = path.join(ROOT, 'test/fixtures/prepared-hostile');
 const SHARED: Array<{ file: string; into: string; tasks: readonly string[] }> = [
   { file: 'kill-all.py', into: 'solution', tasks: ['kill-keepalive-right', 'kill-keepalive-wrong', 'kill-keepalive-services', 'kill-keepalive-user', 'kill-keepalive-no-workdir', 'replace-keepalive'] },
   { file: 'chain.sh', into: 'workspace', tasks: ['own-fake-pass', 'own-fake-fail', 'own-fake-pids', 'own-reward-file'] },
+  { file: 'bury.py', into: 'solution', tasks: ['verifier-deep', 'verifier-deep-no-tmp-file', 'verifier-deep-no-tmp-link-dangling', 'verifier-deep-no-tmp-link-ro'] },
+  { file: 'test.sh', into: 'tests', tasks: ['own-fake-pass', 'own-fake-fail', 'own-fake-pids'] },
 ];
 /** The fixture tasks as enqueued: a copy of SOURCES with the shared files in place (set in beforeAll). */
 let fixtures = '';
