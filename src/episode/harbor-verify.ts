@@ -131,6 +131,7 @@ async function verifyInOneExec(
     // The exec could not start, or its program could not run (no pid or memory left by what the agent
     // left running): once more after the restart, which frees them.
     if ((end.outcome === 'not-swept' || end.outcome === 'failed') && how.restart) {
+      deps.log.warn({ outcome: end.outcome, why: end.outcome === 'failed' ? end.why : undefined }, 'the end of the turn did not reach the verifier with the agent\'s processes kept: once more after a restart');
       await how.restart();
       trail.grading = { agentProcesses: 'stopped' };
       end = await endTurn();

@@ -17,7 +17,7 @@
 // A failure before the verifier starts is a frame `F` and exit code 70.
 import { spawn } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
-import { chmod, chown, lstat, mkdir, open, readdir, readFile, readlink, rename, rm, stat, symlink, link, utimes } from 'node:fs/promises';
+import { chmod, chown, lchown, lstat, mkdir, open, readdir, readFile, readlink, rename, rm, stat, symlink, link, utimes } from 'node:fs/promises';
 import { constants as osConstants } from 'node:os';
 import { posix } from 'node:path';
 import { FRAME, MAX_FRAME_BYTES, encodeFrame, jsonFrame, type FrameType } from './frames.ts';
@@ -134,18 +134,34 @@ async function removeOrMoveAway(target: string, depth = 0): Promise<boolean> {
   await rm(target, { recursive: true, force: true }).catch(() => undefined);
   const gone = () => lstat(target).then(() => false, () => true);
   if (await gone()) return true;
-  for (const dir of ['/tmp', '/']) {
-    if (await rename(target, posix.join(dir, `.rf-left-${process.pid}-${movedAway++}-${posix.basename(target)}`)).then(() => true, () => false)) return gone();
-  }
+  if (await moveAway(target)) return gone();
   if (depth < 2 && (await lstat(target).catch(() => undefined))?.isDirectory()) {
-    for (const name of await readdir(target).catch(() => [] as string[])) await removeOrMoveAway(posix.join(target, name), depth + 1);
+    // What is left in it, the removal above could not remove (a chain of folders too deep to name, a
+    // second walk down it would only fail again): each entry is moved first, removed only if it cannot be.
+    for (const name of await readdir(target).catch(() => [] as string[])) {
+      const entry = posix.join(target, name);
+      if (!(await moveAway(entry))) await removeOrMoveAway(entry, depth + 1);
+    }
     await rm(target, { recursive: true, force: true }).catch(() => undefined);
   }
   return gone();
 }
 
-/** Owner rwx on every folder under `dir` (not following links): what the sandbox user made, it may then remove. */
+/** `target` renamed out of the way (into /tmp, else /), not followed if it is a link; whether it moved. */
+async function moveAway(target: string): Promise<boolean> {
+  for (const dir of ['/tmp', '/']) {
+    if (await rename(target, posix.join(dir, `.rf-left-${process.pid}-${movedAway++}-${posix.basename(target)}`)).then(() => true, () => false)) return true;
+  }
+  return false;
+}
+
+/**
+ * Owner rwx on every folder under `dir` (not following links): what the sandbox user made, it may then
+ * remove. Root needs none of it, and must not chmod by path what processes of the agent's, kept running,
+ * could swap for a link (nor pay a walk down a chain of thousands of folders for nothing).
+ */
 async function openUp(dir: string): Promise<void> {
+  if (process.getuid!() === 0) return;
   await chmod(dir, 0o700).catch(() => undefined);
   for (const name of await readdir(dir).catch(() => [] as string[])) {
     const p = posix.join(dir, name);
@@ -175,6 +191,13 @@ async function resetVerifierLogs(mode: number, lockLogs: boolean): Promise<boole
     await chmod('/logs', 0o755);
   } else if (logs?.isDirectory() && logs.uid === process.getuid!()) await chmod('/logs', logs.mode | 0o700).catch(() => undefined);
   const v = await lstat('/logs/verifier').catch(() => undefined);
+  if (lockLogs && v?.isDirectory()) {
+    // And the folder itself root's 0700 before it is emptied: one that came with the image cannot be
+    // moved away whole (EXDEV), and what the agent left running must not fill it as fast as it empties.
+    // (/logs is root's now: nothing can put a link in its place between the lstat and these.)
+    await lchown('/logs/verifier', 0, 0);
+    await chmod('/logs/verifier', 0o700);
+  }
   if (v !== undefined) {
     if (v.isDirectory() && v.uid === process.getuid!()) await openUp('/logs/verifier');
     await removeOrMoveAway('/logs/verifier');

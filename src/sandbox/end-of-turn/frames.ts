@@ -66,7 +66,8 @@ export class FrameReader {
       const type = head[0]!;
       const length = head.readUInt32BE(1);
       if (!KNOWN.has(type) || length > MAX_FRAME_BYTES) {
-        this.broken = `a frame of type 0x${type.toString(16)} and ${length} bytes`;
+        // Often not a frame at all but the engine's own words ("OCI runtime exec failed: ..."): shown, as text.
+        this.broken = `a frame of type 0x${type.toString(16)} and ${length} bytes (the stream began ${JSON.stringify(head.subarray(0, 80).toString('latin1').replace(/[^\x20-\x7e]/g, '?'))})`;
         this.pending = [];
         this.pendingBytes = 0;
         return;
