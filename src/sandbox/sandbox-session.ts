@@ -173,9 +173,17 @@ export class SandboxSession {
    * engine, so it works when the sandbox has no pid left for an exec.
    */
   async restart(signal?: AbortSignal): Promise<void> {
-    await dockerCall('restart container', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
-      this.container.restart({ t: 0, abortSignal }),
-    );
+    try {
+      await dockerCall('restart container', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>
+        this.container.restart({ t: 0, abortSignal }),
+      );
+    } catch (err) {
+      // The sandbox started before the agent's turn; that its working folder is now a file is the
+      // agent's doing, not the engine's: an error of the agent's (a retry would only reward breaking it).
+      const workdir = err instanceof FleetError && err.code === 'docker_error' ? /Cannot mkdir: (\S+) is not a directory/.exec(err.message) : null;
+      if (workdir) throw new FleetError('agent_crashed', `the sandbox cannot start again: its working folder ${workdir[1]} is no longer a folder (the agent made it something else)`, { cause: err });
+      throw err;
+    }
   }
 
   /**

@@ -171,8 +171,11 @@ describe('prepared images and the static keep-alive against hostile agents', () 
     // A wrong answer and a planted 1: the real test writes 0.
     await onlyTheRealTest(a.byTask.get('kill-keepalive-wrong'), 0);
     await onlyTheRealTest(a.byTask.get('kill-keepalive-user'), 0);
-    // The sandbox cannot start again (its working folder a file): an error of a kind, or the real 0.
-    await onlyTheRealTest(a.byTask.get('kill-keepalive-no-workdir'), 0);
+    // The sandbox cannot start again (its working folder a file): the agent's error, once, never an
+    // infra error retried (breaking the sandbox must not buy another try).
+    const noWorkdir = a.byTask.get('kill-keepalive-no-workdir');
+    await onlyTheRealTest(noWorkdir, 0);
+    expect({ code: noWorkdir?.error?.code, kind: noWorkdir?.error?.kind, attempts: noWorkdir?.attempts }, await why(noWorkdir!)).toEqual({ code: 'agent_crashed', kind: 'agent', attempts: 1 });
     // The attack was real: the agent saw the keep-alive, the runtime's static program, and killed it.
     for (const id of KILLERS) {
       const r = a.byTask.get(id)!;
