@@ -65,8 +65,10 @@ export async function verifyHarbor(
     // (A verifier of another user could not stop the fleet's own forwarders, which are root's: a restart.)
     const keep = (attempt.job.agentProcesses ?? DEFAULT_AGENT_PROCESSES) === 'keep'
       && !hasEgress(phaseGrants(task, deps.network)?.verifier) && before.running && rootVerifier;
+    let restarted = false;
     const restart = async () => {
       // Every process of every user stops; files stay. The ENTRYPOINT starts the task's services again.
+      restarted = true;
       await deadline.run('restarting the sandbox', (signal) => session.restart(signal));
       const check = harbor.healthcheck;
       if (check) await deadline.run('waiting for the healthcheck again', (signal) => runHealthcheck(session, check, signal));
@@ -76,13 +78,29 @@ export async function verifyHarbor(
     trail.grading = { agentProcesses: keep ? 'kept' : 'stopped' };
     if (!keep) await restart();
     const parts = testsParts.filter((p) => made.archive.has(p));
-    const { reward, metrics } = rootVerifier
-      ? await verifyInOneExec(attempt, deps, made, session, trail, harbor, deadline, parts, { copies: step === undefined, ...(keep && { restart }) })
-      : await verifyStepByStep(attempt, deps, made, session, trail, harbor, deadline, parts);
+    const { reward, metrics } = await (rootVerifier
+      ? verifyInOneExec(attempt, deps, made, session, trail, harbor, deadline, parts, { copies: step === undefined, ...(keep && { restart }) })
+      : verifyStepByStep(attempt, deps, made, session, trail, harbor, deadline, parts)
+    ).catch(async (err: unknown) => {
+      throw restarted ? await stoppedByItself(session, deadline, err) : err;
+    });
     return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
   } finally {
     deadline.dispose();
   }
+}
+
+/**
+ * An engine error after the restart, when the sandbox has stopped by itself since: it ran before the
+ * agent's turn, so what it starts with now ending (its ENTRYPOINT made to fail, exit 0 to 127) is the
+ * agent's doing, an error of the agent's; an infra error retried would only reward breaking it. Killed by
+ * a signal or the OOM killer, or still running, the error stays as it was.
+ */
+async function stoppedByItself(session: SandboxSession, deadline: Deadline, err: unknown): Promise<unknown> {
+  if (!(err instanceof FleetError) || (err.code !== 'docker_error' && err.code !== 'sandbox_lost')) return err;
+  const state = await deadline.run('checking the sandbox', (signal) => session.state(signal)).catch(() => undefined);
+  if (state === undefined || state.running || state.oomKilled || state.exitCode === null || state.exitCode > 127) return err;
+  return new FleetError('agent_crashed', `the sandbox, started again for grading, stopped by itself (exit ${state.exitCode}): what it starts with (its ENTRYPOINT) was changed by the agent`, { cause: err });
 }
 
 /** Whether `user` (a Harbor [verifier].user, or the image's USER: '' is root) is root; undefined is not known. */

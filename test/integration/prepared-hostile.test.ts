@@ -11,7 +11,8 @@
 // the metrics, can only be the agent's):
 // a. a Harbor agent that kills every process it can see but PID 1, the keep-alive last (as root, with
 //    task services, as the image's non-root USER whose keep-alive it may signal, and with the image's
-//    WORKDIR made a file so that the sandbox cannot start again) ends its episode, with the real test's
+//    WORKDIR made a file or its ENTRYPOINT made to fail, so that the sandbox cannot start again or stops
+//    by itself: those two are the agent's error, once) ends its episode, with the real test's
 //    reward or an error of a kind, never a reward the real test did not give; nothing of the batch
 //    (container, holder, volume) is left on the engine;
 // b. a root agent that tries every way to replace the keep-alive (cp, cat >, mv, ln, chmod, chown, rm,
@@ -44,7 +45,7 @@ import { writeBatch } from '../helpers/scratch-tasks.ts';
 const SOURCES = path.join(ROOT, 'test/fixtures/prepared-hostile');
 /** Files several fixture tasks carry (a task folder is whole on its own): kept once in _shared/, laid into each task's copy. */
 const SHARED: Array<{ file: string; into: string; tasks: readonly string[] }> = [
-  { file: 'kill-all.py', into: 'solution', tasks: ['kill-keepalive-right', 'kill-keepalive-wrong', 'kill-keepalive-services', 'kill-keepalive-user', 'kill-keepalive-no-workdir', 'replace-keepalive'] },
+  { file: 'kill-all.py', into: 'solution', tasks: ['kill-keepalive-right', 'kill-keepalive-wrong', 'kill-keepalive-services', 'kill-keepalive-user', 'kill-keepalive-no-workdir', 'kill-keepalive-entrypoint', 'replace-keepalive'] },
   { file: 'chain.sh', into: 'workspace', tasks: ['own-fake-pass', 'own-fake-fail', 'own-fake-pids', 'own-reward-file'] },
   { file: 'bury.py', into: 'solution', tasks: ['verifier-deep', 'verifier-deep-no-tmp-file', 'verifier-deep-no-tmp-link-dangling', 'verifier-deep-no-tmp-link-ro'] },
   { file: 'test.sh', into: 'tests', tasks: ['own-fake-pass', 'own-fake-fail', 'own-fake-pids'] },
@@ -52,7 +53,7 @@ const SHARED: Array<{ file: string; into: string; tasks: readonly string[] }> = 
 /** The fixture tasks as enqueued: a copy of SOURCES with the shared files in place (set in beforeAll). */
 let fixtures = '';
 /** Root agents (one the image's USER, as its keep-alive) that kill every process they can see but PID 1. */
-const KILLERS = ['kill-keepalive-right', 'kill-keepalive-wrong', 'kill-keepalive-services', 'kill-keepalive-user', 'kill-keepalive-no-workdir'];
+const KILLERS = ['kill-keepalive-right', 'kill-keepalive-wrong', 'kill-keepalive-services', 'kill-keepalive-user', 'kill-keepalive-no-workdir', 'kill-keepalive-entrypoint'];
 /** Root agents that plant a reward of 1 in, or in place of, /logs/verifier. */
 const BURIERS = [
   'verifier-moved-link', 'verifier-file', 'verifier-deep', 'logs-link-away',
@@ -176,6 +177,10 @@ describe('prepared images and the static keep-alive against hostile agents', () 
     const noWorkdir = a.byTask.get('kill-keepalive-no-workdir');
     await onlyTheRealTest(noWorkdir, 0);
     expect({ code: noWorkdir?.error?.code, kind: noWorkdir?.error?.kind, attempts: noWorkdir?.attempts }, await why(noWorkdir!)).toEqual({ code: 'agent_crashed', kind: 'agent', attempts: 1 });
+    // Its ENTRYPOINT made a program that fails: started again, the sandbox stops by itself. The same.
+    const entrypoint = a.byTask.get('kill-keepalive-entrypoint');
+    await onlyTheRealTest(entrypoint, 0);
+    expect({ code: entrypoint?.error?.code, kind: entrypoint?.error?.kind, attempts: entrypoint?.attempts }, await why(entrypoint!)).toEqual({ code: 'agent_crashed', kind: 'agent', attempts: 1 });
     // The attack was real: the agent saw the keep-alive, the runtime's static program, and killed it.
     for (const id of KILLERS) {
       const r = a.byTask.get(id)!;
