@@ -89,7 +89,8 @@ async function stopHelpers(args: readonly string[]): Promise<void> {
     }
     return pids;
   };
-  for (let i = 0; i < 20; i++) {
+  // A SIGKILL'd process is gone within a few ms: looked for again soon, for at most about a second.
+  for (let i = 0; i < 100; i++) {
     const pids = await matching();
     if (pids.length === 0) return;
     for (const pid of pids) {
@@ -99,7 +100,7 @@ async function stopHelpers(args: readonly string[]): Promise<void> {
         // Gone already.
       }
     }
-    await new Promise((resolve) => setTimeout(resolve, 50));
+    await new Promise((resolve) => setTimeout(resolve, 10));
   }
 }
 
