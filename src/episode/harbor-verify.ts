@@ -29,6 +29,8 @@ import { openVerifierEgress } from './verifier-egress.ts';
 import { MODEL_FORWARDER_PATH } from '../agent/sandbox-programs.ts';
 
 const TESTS_DIR = '/tests';
+/** How long a sandbox that failed an exec after its restart gets to be seen stopped (it may be going down). */
+const STOPPING_MS = 3_000;
 const ROOT_OWNER = { uid: 0, gid: 0 } as const;
 
 export async function verifyHarbor(
@@ -98,7 +100,10 @@ export async function verifyHarbor(
  */
 async function stoppedByItself(session: SandboxSession, deadline: Deadline, err: unknown): Promise<unknown> {
   if (!(err instanceof FleetError) || (err.code !== 'docker_error' && err.code !== 'sandbox_lost')) return err;
-  const state = await deadline.run('checking the sandbox', (signal) => session.state(signal)).catch(() => undefined);
+  const check = () => deadline.run('checking the sandbox', (signal) => session.state(signal)).catch(() => undefined);
+  let state = await check();
+  // An exec cut short as the sandbox went down can fail before the engine says it stopped.
+  if (state?.running && await deadline.run('waiting for the sandbox to stop', (signal) => session.stopsWithin(STOPPING_MS, signal)).catch(() => false)) state = await check();
   if (state === undefined || state.running || state.oomKilled || state.exitCode === null || state.exitCode > 127) return err;
   return new FleetError('agent_crashed', `the sandbox, started again for grading, stopped by itself (exit ${state.exitCode}): what it starts with (its ENTRYPOINT) was changed by the agent`, { cause: err });
 }

@@ -159,6 +159,13 @@ export class SandboxSession {
     };
   }
 
+  /** Whether the container stops within `ms` (the engine's wait, not a poll); false when it still runs then. */
+  async stopsWithin(ms: number, signal?: AbortSignal): Promise<boolean> {
+    return dockerCall('wait for the container to stop', { timeoutMs: ms, signal }, (abortSignal) =>
+      this.container.wait({ condition: 'not-running', abortSignal } as object) as Promise<unknown>,
+    ).then(() => true, () => false);
+  }
+
   /** Bytes in the sandbox's writable layer (workdir, /tmp, anything outside its mounts). Costs a walk of the layer. */
   async writableLayerBytes(signal?: AbortSignal): Promise<number> {
     const info = await dockerCall('inspect container size', { timeoutMs: this.deps.callTimeoutMs, signal }, (abortSignal) =>

@@ -218,6 +218,9 @@ describe('prepared images and the static keep-alive against hostile agents', () 
         try {
           expect(r.reward, id).not.toBe(1);
           await onlyTheRealTest(r, 0);
+          // /logs a link to the agent's tree: made again as a real folder, so the real test's output
+          // is in the evidence's copy of /logs.
+          if (id === 'logs-link-away') expect(await evidenceText(r, 'logs', 'verifier', 'test-stdout.txt'), await why(r)).toContain('real test');
         } catch (err) {
           failures.push(`${id} (agentProcesses ${mode}): ${(err as Error).message}`);
         }

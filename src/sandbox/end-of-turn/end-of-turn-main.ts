@@ -184,7 +184,14 @@ async function empty(dir: string): Promise<void> {
 
 /** /logs/verifier as an empty real folder, made by the sandbox user; false when what is there needs root. */
 async function resetVerifierLogs(mode: number, lockLogs: boolean): Promise<boolean> {
-  const logs = await lstat('/logs').catch(() => undefined);
+  let logs = await lstat('/logs').catch(() => undefined);
+  if (logs !== undefined && !logs.isDirectory() && process.getuid!() === 0) {
+    // /logs made a link (or a file) by a root agent: Harbor bind-mounts it, so there no agent can. It is
+    // moved out of the way, not followed, and made again: the verifier's files and the evidence's copy
+    // of /logs are then in a real folder of root's.
+    if (await moveAway('/logs')) await mkdir('/logs', { mode: 0o755 }).catch(() => undefined);
+    logs = await lstat('/logs').catch(() => undefined);
+  }
   if (lockLogs && logs?.isDirectory()) {
     // Root's 0755 from here, before /logs/verifier is made: nothing another user left running can then
     // remove the verifier's folder or put its own in its place (its folders there stay its own).
