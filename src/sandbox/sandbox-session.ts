@@ -4,6 +4,7 @@
 // signal, every process the session starts run as a non-root user; every call has a deadline.
 // The parts live beside it: the create options in container-spec.ts, processes in sandbox-exec.ts,
 // the sweep in sweep.ts, the image-id cache in image-ids.ts, removal in remove-container.ts.
+import { posix } from 'node:path';
 import type { Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
@@ -164,6 +165,25 @@ export class SandboxSession {
     return dockerCall('wait for the container to stop', { timeoutMs: ms, signal }, (abortSignal) =>
       this.container.wait({ condition: 'not-running', abortSignal } as object) as Promise<unknown>,
     ).then(() => true, () => false);
+  }
+
+  /**
+   * The files of the container's ENTRYPOINT (its program, and the absolute paths among its arguments)
+   * changed, added or removed in it since it was created, as the engine's diff of its layer says.
+   * Costs a walk of the layer.
+   */
+  async entrypointChanges(signal?: AbortSignal): Promise<string[]> {
+    const opts = { timeoutMs: this.deps.callTimeoutMs, signal };
+    const info = await dockerCall('inspect container', opts, (abortSignal) => this.container.inspect({ abortSignal }));
+    const entry: unknown = info.Config.Entrypoint;
+    const args = Array.isArray(entry) ? entry.filter((a): a is string => typeof a === 'string') : typeof entry === 'string' ? [entry] : [];
+    if (args.length === 0) return [];
+    const changes = await dockerCall('list the container\'s changes', opts, (abortSignal) =>
+      this.container.changes({ abortSignal }) as Promise<Array<{ Path: string }> | null>,
+    );
+    // A program named without a path is matched by its name in any folder (it was found on PATH).
+    const isEntry = (p: string) => args.some((a, i) => (a.startsWith('/') ? p === a : i === 0 && posix.basename(p) === a));
+    return (changes ?? []).map((c) => c.Path).filter(isEntry);
   }
 
   /** Bytes in the sandbox's writable layer (workdir, /tmp, anything outside its mounts). Costs a walk of the layer. */

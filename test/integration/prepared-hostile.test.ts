@@ -19,7 +19,8 @@
 //    mount(2), unshare, renaming /opt or the mount, a keep-alive first on PATH, the engine's init) with
 //    a reward planter, plants a reward and kills the keep-alive so that a restart would run its
 //    program, gets no reward of 1 (the real test writes 0), with the agent's processes kept (Harbor's
-//    way) and with agentProcesses: stop;
+//    way) and with agentProcesses: stop; beside it, an honest agent in a task whose own ENTRYPOINT
+//    cannot run twice is graded when kept, and an infrastructure error (not the agent's) when stopped;
 // c. a root agent that moves /logs/verifier away and links it to /tmp, makes it a file, plants a
 //    reward in it beside a chain of 400 folders of 200-character names (no path reaches its end, and
 //    the folder cannot be renamed aside: EXDEV), does so with no /tmp to move the chain into (a file,
@@ -117,8 +118,8 @@ describe('prepared images and the static keep-alive against hostile agents', () 
     // Harbor's way (the agent's processes kept: the sandbox restarts only because it stopped), and with
     // agentProcesses: stop (it always restarts before grading).
     runs.a = run(KILLERS, oracle);
-    runs.b = run(['replace-keepalive', 'honest'], oracle);
-    runs.bStop = run(['replace-keepalive', 'honest'], oracle, 'agentProcesses: stop\n');
+    runs.b = run(['replace-keepalive', 'honest', 'entrypoint-once'], oracle);
+    runs.bStop = run(['replace-keepalive', 'honest', 'entrypoint-once'], oracle, 'agentProcesses: stop\n');
     runs.c = run([...BURIERS, 'honest'], oracle);
     runs.cStop = run([...BURIERS, 'honest'], oracle, 'agentProcesses: stop\n');
     runs.d = run(OWN, '{ kind: command, command: "sh ./attack.sh" }');
@@ -203,6 +204,12 @@ describe('prepared images and the static keep-alive against hostile agents', () 
       await onlyTheRealTest(r, 0);
       // The mount is read-only: no attempt replaced the program itself.
       expect(await evidenceText(r, 'logs', 'agent', 'attempts.txt'), said).toContain('keep-alive unchanged');
+      // An honest agent in a task whose own ENTRYPOINT cannot run twice: graded when nothing restarts
+      // the sandbox; started again (agentProcesses: stop) it stops by itself, and that is not the
+      // agent's error (it changed none of the ENTRYPOINT's files) but the infrastructure's, retried.
+      const once = b.byTask.get('entrypoint-once')!;
+      if (mode === 'kept') expect(once, `${mode}: ${await why(once)}`).toMatchObject({ status: 'passed', reward: 1 });
+      else expect({ status: once.status, kind: once.error?.kind }, `${mode}: ${await why(once)}`).toEqual({ status: 'error', kind: 'infra' });
     }
   }, RESULTS_WITHIN_MS + 90_000);
 
