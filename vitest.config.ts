@@ -24,6 +24,7 @@ export const STRESS_FILES = [
   'test/integration/services-hostile.test.ts',
   'test/integration/harbor-services-kill.test.ts',
   'test/integration/prepared-hostile.test.ts',
+  'test/integration/infra-retry-hostile.test.ts',
 ];
 
 /** What the files on services share: dist/ built first, two workers on 2 cores. */

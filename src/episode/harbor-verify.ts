@@ -93,11 +93,11 @@ export async function verifyHarbor(
 }
 
 /**
- * An engine error after the restart, when the sandbox has stopped by itself since (exit 0 to 127: what it
- * starts with ended) and the files of its ENTRYPOINT were changed in it: the agent broke what starts the
- * sandbox, an error of the agent's; an infra error retried would only reward breaking it. Killed by a
- * signal or the OOM killer, still running, or with its ENTRYPOINT's files as the image had them (a task
- * whose ENTRYPOINT cannot run twice, say), the error stays as it was.
+ * An engine error after the restart, when the sandbox has stopped since and the files of its ENTRYPOINT
+ * were changed in it: the agent made what starts the sandbox end it (exit, kill the keep-alive, run out
+ * of memory), an error of the agent's; an infra error retried would only reward breaking it. Still
+ * running, or with its ENTRYPOINT's files as the image had them (a task whose ENTRYPOINT cannot run
+ * twice, the engine stopping it), the error stays as it was.
  */
 async function stoppedByItself(session: SandboxSession, deadline: Deadline, err: unknown): Promise<unknown> {
   if (!(err instanceof FleetError) || (err.code !== 'docker_error' && err.code !== 'sandbox_lost')) return err;
@@ -105,10 +105,10 @@ async function stoppedByItself(session: SandboxSession, deadline: Deadline, err:
   let state = await check();
   // An exec cut short as the sandbox went down can fail before the engine says it stopped.
   if (state?.running && await deadline.run('waiting for the sandbox to stop', (signal) => session.stopsWithin(STOPPING_MS, signal)).catch(() => false)) state = await check();
-  if (state === undefined || state.running || state.oomKilled || state.exitCode === null || state.exitCode > 127) return err;
+  if (state === undefined || state.running) return err;
   const changed = await deadline.run('listing the sandbox\'s changes', (signal) => session.entrypointChanges(signal)).catch(() => [] as string[]);
   if (changed.length === 0) return err;
-  return new FleetError('agent_crashed', `the sandbox, started again for grading, stopped by itself (exit ${state.exitCode}): its ENTRYPOINT's ${changed.slice(0, 3).join(', ')} changed during the agent's turn`, { cause: err });
+  return new FleetError('agent_crashed', `the sandbox, started again for grading, stopped (exit ${state.exitCode ?? '?'}${state.oomKilled ? ', an OOM kill' : ''}): its ENTRYPOINT's ${changed.slice(0, 3).join(', ')} changed during the agent's turn`, { cause: err });
 }
 
 /** Whether `user` (a Harbor [verifier].user, or the image's USER: '' is root) is root; undefined is not known. */
