@@ -84,7 +84,7 @@ export async function verifyHarbor(
       ? verifyInOneExec(attempt, deps, made, session, trail, harbor, deadline, parts, { copies: step === undefined, ...(keep && { restart }) })
       : verifyStepByStep(attempt, deps, made, session, trail, harbor, deadline, parts)
     ).catch(async (err: unknown) => {
-      throw restarted ? await stoppedByItself(session, deadline, err) : err;
+      throw restarted ? await stoppedByChangedEntrypoint(session, deadline, err) : err;
     });
     return { status: agentRun.timedOut ? 'timeout' : passes(reward, attempt.job.passThreshold) ? 'passed' : 'failed', reward, metrics };
   } finally {
@@ -99,7 +99,7 @@ export async function verifyHarbor(
  * running, or with its ENTRYPOINT's files as the image had them (a task whose ENTRYPOINT cannot run
  * twice, the engine stopping it), the error stays as it was.
  */
-async function stoppedByItself(session: SandboxSession, deadline: Deadline, err: unknown): Promise<unknown> {
+async function stoppedByChangedEntrypoint(session: SandboxSession, deadline: Deadline, err: unknown): Promise<unknown> {
   if (!(err instanceof FleetError) || (err.code !== 'docker_error' && err.code !== 'sandbox_lost')) return err;
   const check = () => deadline.run('checking the sandbox', (signal) => session.state(signal)).catch(() => undefined);
   let state = await check();
