@@ -13,7 +13,7 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { envBuildLockKey, envLastUsedKey } from '../redis/redis-keys.ts';
 import { tryLock } from '../redis/token-lock.ts';
-import { dockerCall, dockerStatusOf, engineId, type Docker } from '../sandbox/docker-client.ts';
+import { dockerCall, dockerStatusOf, engineDiskUsage, engineId, type Docker } from '../sandbox/docker-client.ts';
 import { LABEL } from '../sandbox/labels.ts';
 import { PREPARED_IMAGE_REPOSITORY, prepareContainerPrefix } from '../sandbox/prepared-images.ts';
 import { removeContainer } from '../sandbox/remove-container.ts';
@@ -83,7 +83,7 @@ export async function pruneEnvironmentImages(deps: PruneDeps, opts: PruneOptions
   const engine = await engineId(docker, call);
   const lastUsedKey = envLastUsedKey(prefix, engine);
   // The engine's disk usage answer has each image's shared size (the image list of API 1.41 does not).
-  const diskUsage = () => dockerCall('disk usage', call, (abortSignal) => (docker.df as (o: object) => Promise<{ Images?: DfImage[] | null }>).call(docker, { abortSignal }));
+  const diskUsage = () => engineDiskUsage<{ Images?: DfImage[] | null }>(docker, 'disk usage', call);
   let df = await diskUsage();
   // Prepared images first (the fleet's sandboxes' files over a base, prepared-images.ts): one no
   // container uses is remade in a moment when asked for again, and while it is there its base's layers

@@ -1,6 +1,7 @@
 // The Docker engine client and the deadline every call to it runs under. Only src/sandbox imports
 // dockerode; everything else sees sandbox sessions.
 import { createHash } from 'node:crypto';
+import { setTimeout as delay } from 'node:timers/promises';
 import Docker from 'dockerode';
 import { untilAborted } from '../deadlines/deadline.ts';
 import { EpisodeStop } from '../errors/episode-stop.ts';
@@ -110,6 +111,26 @@ export async function dockerCall<T>(
     // A caller that aborts with a reason of its own (a phase deadline, a cancellation) gets it back.
     if (opts.signal?.aborted && (opts.signal.reason instanceof FleetError || opts.signal.reason instanceof EpisodeStop)) throw opts.signal.reason;
     throw dockerError(what, err);
+  }
+}
+
+/**
+ * The engine's disk usage (`docker system df`), as `T` (the parts of its answer the caller reads). The
+ * engine runs one at a time and refuses another meanwhile ("a disk usage operation is already
+ * running": another worker's, or this one's): asked again after a wait that doubles up to 1 s, until
+ * the call's own deadline.
+ */
+export async function engineDiskUsage<T>(docker: Docker, what: string, opts: CallOptions): Promise<T> {
+  const until = Date.now() + opts.timeoutMs;
+  for (let wait = 50; ; wait = Math.min(wait * 2, 1_000)) {
+    const left = until - Date.now();
+    try {
+      return await dockerCall(what, { ...opts, timeoutMs: Math.max(1, left) }, (abortSignal) => (docker.df as (o: object) => Promise<T>).call(docker, { abortSignal }));
+    } catch (err) {
+      const busy = err instanceof FleetError && err.code === 'docker_error' && err.message.includes('disk usage operation is already running');
+      if (!busy || until - Date.now() <= wait) throw err;
+      await delay(wait, undefined, opts.signal ? { signal: opts.signal } : undefined);
+    }
   }
 }
 

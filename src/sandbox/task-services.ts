@@ -15,7 +15,7 @@ import type { Logger } from 'pino';
 import { FleetError } from '../errors/fleet-error.ts';
 import { HARBOR_CAPABILITIES, type HarborServices, type HarborSidecar, type Limits } from '../tasks/task-spec.ts';
 import { startOrder, healthcheckBoundSec } from '../tasks/harbor-compose.ts';
-import { dockerCall, dockerStatusOf } from './docker-client.ts';
+import { dockerCall, dockerStatusOf, engineDiskUsage } from './docker-client.ts';
 import { LABEL, sandboxLabels, type SandboxOwner } from './labels.ts';
 import { removeContainer } from './remove-container.ts';
 import type { VolumeMount } from './container-spec.ts';
@@ -238,7 +238,7 @@ export async function largestPartBytes(deps: ServicesDeps, network: ServiceNetwo
     }),
   ];
   if (network.volumes.length > 0) {
-    parts.push(dockerCall('measure the task volumes', call, (abortSignal) => deps.docker.df({ abortSignal } as never) as unknown as Promise<{ Volumes?: { Name: string; UsageData?: { Size?: number } }[] }>)
+    parts.push(engineDiskUsage<{ Volumes?: { Name: string; UsageData?: { Size?: number } }[] }>(deps.docker, 'measure the task volumes', call)
       .then((df) => {
         const mine = new Map(network.volumes.map((v) => [v.volumeName, v.name]));
         let largest = { bytes: 0, part: 'the task volumes' };

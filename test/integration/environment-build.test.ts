@@ -262,8 +262,11 @@ describe('environment images', () => {
     await env.client.hset(envLastUsedKey(prefix, engine), b.image, String(now - 30_000), a.image, String(now - 20_000), c.image, String(now - 10_000));
     const deps = { docker, redis: env.client, prefix, log: silentLog };
 
-    const none = await pruneEnvironmentImages(deps, { budgetBytes: 10 * 2 ** 30, minIdleMs: 0 });
+    // Three workers pruning at once on one engine: it answers one disk usage at a time and refuses the
+    // others meanwhile ("a disk usage operation is already running"); each asks again, none fails.
+    const [none, ...others] = await Promise.all([1, 2, 3].map(() => pruneEnvironmentImages(deps, { budgetBytes: 10 * 2 ** 30, minIdleMs: 0 })));
     expect(none.removed).toEqual([]);
+    expect(others.map((o) => o.removed)).toEqual([[], []]);
     expect(none.keptBytes).toBeGreaterThanOrEqual(3 * 200_000);
     // Recently used images stay whatever the budget.
     expect((await pruneEnvironmentImages(deps, { budgetBytes: 0, minIdleMs: 60_000 })).removed).toEqual([]);
