@@ -156,8 +156,13 @@ async function verifyInOneExec(
     let end = await endTurn();
     // The exec could not start, or its program could not run (no pid or memory left by what the agent
     // left running): once more after the restart, which frees them.
-    if ((end.outcome === 'not-swept' || end.outcome === 'failed') && how.restart) {
-      deps.log.warn({ outcome: end.outcome, why: end.outcome === 'failed' ? end.why : undefined }, 'the end of the turn did not reach the verifier with the agent\'s processes kept: once more after a restart');
+    // Or it was cut short after the verifier ran, before the reward was read (the sandbox stopped under
+    // it): with the agent's processes kept, one of them may have done it, so the grade is not taken as
+    // it stands (no reward, or an infra error retried, would each reward the agent): graded again,
+    // the agent's processes stopped by the restart.
+    const cutShort = end.outcome === 'verified' && (end.cutShort === true || end.verifyRun.sandboxStopped === true);
+    if ((end.outcome === 'not-swept' || end.outcome === 'failed' || cutShort) && how.restart) {
+      deps.log.warn({ outcome: end.outcome, cutShort, why: end.outcome === 'failed' ? end.why : undefined }, 'the end of the turn did not finish with the agent\'s processes kept: once more after a restart');
       await how.restart();
       trail.grading = { agentProcesses: 'stopped' };
       end = await endTurn();

@@ -72,7 +72,11 @@ export type EndOfTurn =
   | { outcome: 'tests-failed'; why: string; code?: string; workspaceTar?: Buffer }
   /** The program failed, or its stream broke, before the verifier started. */
   | { outcome: 'failed'; why: string; workspaceTar?: Buffer }
-  | { outcome: 'verified'; workspaceTar?: Buffer; verifyRun: ExecResult; reward?: RewardFiles; logsTar?: Buffer; beside?: { processes: BesideProcess[]; more: number } };
+  | {
+    outcome: 'verified'; workspaceTar?: Buffer; verifyRun: ExecResult; reward?: RewardFiles; logsTar?: Buffer; beside?: { processes: BesideProcess[]; more: number };
+    /** The program ended (killed, or the sandbox stopped) after the verifier ran but before it read the reward files. */
+    cutShort?: true;
+  };
 
 /** `data` after its length, 8 bytes big-endian. */
 function lengthPrefixed(data: Buffer): Buffer {
@@ -202,5 +206,8 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
     stderr: stderr.result(),
     durationMs: Math.round(performance.now() - startedAt),
   };
-  return { outcome: 'verified', verifyRun, ...copied, ...(reward !== undefined && { reward }), ...(logsWhole ? { logsTar: Buffer.concat(logs) } : {}), ...(beside && { beside }) };
+  // With reward files the program always sends their frame (empty when there are none) once the
+  // verifier is done: none means it did not get that far.
+  const cutShort = opts.rewardFile && reward === undefined;
+  return { outcome: 'verified', verifyRun, ...copied, ...(reward !== undefined && { reward }), ...(logsWhole ? { logsTar: Buffer.concat(logs) } : {}), ...(beside && { beside }), ...(cutShort && { cutShort: true as const }) };
 }
