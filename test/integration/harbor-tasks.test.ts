@@ -54,7 +54,8 @@ describe('Harbor tasks', () => {
     expect(one(byTask, 'prebuilt-image').provenance).toMatchObject({ image: 'python:3.12-slim', environment: { source: 'docker_image' } });
     expect(one(byTask, 'hello-file').network).toEqual({ agent: { requested: 'public', applied: 'no-network' }, verifier: { requested: 'public', applied: 'no-network' } });
     expect(one(byTask, 'silent-verifier')).toMatchObject({ status: 'error', reward: null, error: { kind: 'verifier', code: 'reward_file_missing' } });
-    expect(one(byTask, 'slow-verifier')).toMatchObject({ status: 'error', reward: null, error: { kind: 'verifier', code: 'verifier_timeout' } });
+    // Timed out once: not graded again (its processes stay kept; a timeout is the verifier's own end).
+    expect(one(byTask, 'slow-verifier')).toMatchObject({ status: 'error', reward: null, error: { kind: 'verifier', code: 'verifier_timeout' }, grading: { agentProcesses: 'kept' } });
     // The "solution" only plants reward files (and a process to plant them again): with the agent's
     // processes stopped, the verifier, which writes one only for a right answer, finds /logs/verifier empty.
     expect(one(stopped, 'planted-reward')).toMatchObject({ status: 'error', reward: null, error: { code: 'reward_file_missing' } });

@@ -207,7 +207,7 @@ export async function endOfTurn(target: ExecTarget, opts: EndOfTurnOptions): Pro
     durationMs: Math.round(performance.now() - startedAt),
   };
   // With reward files the program always sends their frame (empty when there are none) once the
-  // verifier is done: none means it did not get that far.
-  const cutShort = opts.rewardFile && reward === undefined;
+  // verifier is done: none (and no timeout that stopped it) means it did not get that far.
+  const cutShort = opts.rewardFile && reward === undefined && !timedOut;
   return { outcome: 'verified', verifyRun, ...copied, ...(reward !== undefined && { reward }), ...(logsWhole ? { logsTar: Buffer.concat(logs) } : {}), ...(beside && { beside }), ...(cutShort && { cutShort: true as const }) };
 }
