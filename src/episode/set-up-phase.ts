@@ -172,10 +172,9 @@ export async function setUp(
     let workspaceIn: Buffer | undefined;
     if (task.harbor) await prepareHarborSandbox(task, task.harbor, archive, session, deadline);
     else if (!seeded && workspaceTar !== undefined) {
-      const workspace = workspaceTar;
       // A command agent's own exec unpacks it first (src/agent/command-agent.ts): one engine call fewer.
-      if (job.agent.kind === 'command') workspaceIn = workspace;
-      else await deadline.run('copying the workspace in', (signal) => session.putArchive(workspace, '/', signal));
+      if (job.agent.kind === 'command') workspaceIn = workspaceTar;
+      else await deadline.run('copying the workspace in', (signal) => session.putArchive(workspaceTar, '/', signal));
     }
     return { archive, runtime, session, proxy, imageId, image, verifierImage, services: serviceNetwork, task, ...(runFolder !== undefined && { runFolder }), ...(workspaceIn && { workspaceIn }) };
   } finally {
